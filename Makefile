@@ -1,0 +1,23 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: venv example test lint kernel clean
+
+venv:
+	python3 -m venv $(VENV) && $(VENV)/bin/pip install -q -e '.[test]'
+
+example: venv
+	$(PY) examples/quickstart.py
+
+test: venv
+	$(PY) -m pytest -q
+
+lint:
+	$(PY) -m mypy
+	$(PY) -m ruff check k7core tests examples
+
+kernel:
+	$(PY) setup.py -q build_ext --inplace
+
+clean:
+	rm -rf build *.egg-info k7core/_native/_k7*.so k7core/_native/_k7.c

@@ -1,0 +1,52 @@
+"""k7core: a durable, very fast, embedded message log (k7-compatible on disk).
+
+    with k7core.Queue("/var/data/q", fsync="flush") as q:
+        off = q.enqueue(b"hello")
+        with q.consumer_group("workers") as cg:
+            for msg in cg.poll(max_batch=10, timeout=0.05):
+                cg.ack(msg)
+"""
+
+from ._errors import ClosedError as ClosedError
+from ._errors import ConcurrentUseError as ConcurrentUseError
+from ._errors import CorruptFrameError as CorruptFrameError
+from ._errors import GroupBusyError as GroupBusyError
+from ._errors import InvalidNameError as InvalidNameError
+from ._errors import K7Error as K7Error
+from ._errors import MessageTooLargeError as MessageTooLargeError
+from ._errors import NotAQueueError as NotAQueueError
+from ._errors import QueueLockedError as QueueLockedError
+from ._errors import ReadOnlyError as ReadOnlyError
+from ._errors import StorageError as StorageError
+from ._format import Fsync as Fsync
+from ._format import frame_size as frame_size
+from ._group import ConsumerGroup as ConsumerGroup
+from ._group import Message as Message
+from ._kernel import crc32c as crc32c
+from ._kernel import hardware_crc as hardware_crc
+from ._queue import ColumnarBatch as ColumnarBatch
+from ._queue import Queue as Queue
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClosedError",
+    "ColumnarBatch",
+    "ConcurrentUseError",
+    "ConsumerGroup",
+    "CorruptFrameError",
+    "Fsync",
+    "GroupBusyError",
+    "InvalidNameError",
+    "K7Error",
+    "Message",
+    "MessageTooLargeError",
+    "NotAQueueError",
+    "Queue",
+    "QueueLockedError",
+    "ReadOnlyError",
+    "StorageError",
+    "crc32c",
+    "frame_size",
+    "hardware_crc",
+]

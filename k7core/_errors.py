@@ -1,0 +1,86 @@
+"""Exceptions: one base class, specific subclasses that say who broke what and what to do."""
+
+from __future__ import annotations
+
+import os
+
+
+class K7Error(Exception):
+    """Base class of every error raised by k7core.
+
+    ``path`` names the file or directory involved, ``offset`` the global offset where one
+    applies, ``hint`` what to do about it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        offset: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.path = os.fspath(path) if path is not None else None
+        self.offset = offset
+        self.hint = hint
+        text = message
+        if hint:
+            text = f"{text} ({hint})"
+        super().__init__(text)
+
+
+class QueueLockedError(K7Error):
+    """Another writer (this process or another) holds the queue's writer lock."""
+
+
+class GroupBusyError(K7Error):
+    """Another owner (this process or another) holds the consumer group's lock."""
+
+
+class ClosedError(K7Error):
+    """The queue or consumer group was closed; it cannot be used any more."""
+
+
+class ReadOnlyError(K7Error):
+    """A write was attempted on a queue opened with ``readonly=True``."""
+
+
+class CorruptFrameError(K7Error):
+    """A frame failed validation (magic, flags, length or CRC32C) below the visible end.
+
+    ``offset`` is the global offset of the bad frame; ``seek`` past it to continue.
+    """
+
+
+class MessageTooLargeError(K7Error, ValueError):
+    """The message cannot fit in an empty segment (or exceeds the 2 GiB frame limit)."""
+
+
+class InvalidNameError(K7Error, ValueError):
+    """A consumer group name that could escape the directory or is unreasonable."""
+
+
+class NotAQueueError(K7Error):
+    """The path exists but is not a queue directory (or cannot be opened as one)."""
+
+
+class StorageError(K7Error, OSError):
+    """The operating system refused an I/O operation (disk full, EIO, permissions)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        errno_: int = 0,
+        path: str | os.PathLike[str] | None = None,
+        offset: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        K7Error.__init__(self, message, path=path, offset=offset, hint=hint)
+        self.errno = errno_
+        self.strerror = os.strerror(errno_) if errno_ else message
+        self.filename = self.path
+
+
+class ConcurrentUseError(K7Error, RuntimeError):
+    """An object documented as single-threaded was used from two threads at once."""

@@ -1,0 +1,82 @@
+"""On-disk names and constants (DESIGN §2), shared by the writer and the readers."""
+
+from __future__ import annotations
+
+import enum
+import re
+
+FRAME_HEADER = 10
+FRAME_ALIGN = 8
+MAX_PAYLOAD = 2**31 - 1
+CURSOR_FILE_SIZE = 4096
+POSITION_FILE_SIZE = 4096
+DEFAULT_SEGMENT_SIZE = 256 * 1024 * 1024
+MIN_SEGMENT_SIZE = 4096
+
+SEGMENT_RE = re.compile(r"^seg-(\d{20})\.k7$")
+CURSOR_PREFIX = "cursor-"
+# Files this project adds; k7 (JVM) ignores them: not seg-*.k7, not cursor-*.k7.
+WRITER_LOCK = "k7py-writer.lock"
+POSITION_FILE = "k7py-position"
+MAX_GROUP_NAME_BYTES = 200
+
+
+class Fsync(str, enum.Enum):
+    """Durability strategy of a queue (``fsync``) or of a group's cursor (``cursor_fsync``).
+
+    ``flush``: visible and written to the page cache at once; survives a process crash, not a
+    power loss. ``async``: a background thread msyncs at most once per ``commit_interval``;
+    readers see data once synced. ``sync``: msync before the call returns.
+    """
+
+    FLUSH = "flush"
+    ASYNC = "async"
+    SYNC = "sync"
+
+    @property
+    def code(self) -> int:
+        return {"flush": 0, "async": 1, "sync": 2}[self.value]
+
+
+def parse_fsync(value: str | Fsync, what: str) -> Fsync:
+    try:
+        return Fsync(value)
+    except ValueError:
+        raise ValueError(
+            f"{what} must be one of 'async', 'flush', 'sync', not {value!r}"
+        ) from None
+
+
+def frame_size(length: int) -> int:
+    return (FRAME_HEADER + length + FRAME_ALIGN - 1) & ~(FRAME_ALIGN - 1)
+
+
+def segment_name(base: int) -> str:
+    return f"seg-{base:020d}.k7"
+
+
+def cursor_name(group: str) -> str:
+    return f"{CURSOR_PREFIX}{group}.k7"
+
+
+def check_group_name(name: object) -> str:
+    """Return ``name`` if it is a safe group name, else raise InvalidNameError."""
+    from ._errors import InvalidNameError
+
+    if not isinstance(name, str):
+        raise InvalidNameError(f"group name must be a str, not {type(name).__name__}")
+    if not name:
+        raise InvalidNameError("group name must not be empty")
+    bad = [c for c in ("/", "\\", "\x00") if c in name]
+    if bad or name in (".", "..") or ".." in name:
+        raise InvalidNameError(
+            f"group name {name!r} contains a path separator, NUL or '..'",
+            hint="use letters, digits, '-', '_' and '.'",
+        )
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_GROUP_NAME_BYTES:
+        raise InvalidNameError(
+            f"group name is longer than {MAX_GROUP_NAME_BYTES} bytes in UTF-8"
+        )
+    if any(ord(c) < 32 for c in name):
+        raise InvalidNameError(f"group name {name!r} contains control characters")
+    return name

@@ -1,0 +1,304 @@
+"""Consumer groups: a crash-safe cursor, in-flight tracking, ack / nack / seek."""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+from collections import deque
+from itertools import repeat
+from operator import add, itemgetter
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from ._errors import ClosedError, GroupBusyError, StorageError
+from ._format import CURSOR_FILE_SIZE, Fsync, check_group_name, cursor_name, parse_fsync
+from ._kernel import SCAN_CORRUPT, ffi, lib
+from ._reader import Reader
+from ._storage import Mapping, fsync_dir, open_fd, try_lock
+
+if TYPE_CHECKING:
+    from ._queue import Queue
+
+
+class Message(tuple[int, memoryview]):
+    """A delivered message: ``offset`` (global, int) and ``payload`` (read-only memoryview).
+
+    The payload is a zero-copy view into the segment's memory map. It stays valid for as
+    long as you hold it, even after the group or queue is closed: the map is released when
+    the last view is. Copy it with ``bytes(msg.payload)`` to keep the data independently.
+    """
+
+    __slots__ = ()
+
+    offset = property(itemgetter(0), doc="Global offset of the message.")
+    payload = property(itemgetter(1), doc="Read-only zero-copy view of the payload.")
+
+    def __repr__(self) -> str:
+        return f"Message(offset={self[0]}, payload=<{len(self[1])} bytes>)"
+
+
+_new_message = tuple.__new__
+
+
+class ConsumerGroup:
+    """An independent reader of a queue with its own committed cursor (at-least-once).
+
+    Use it from one thread at a time. ``poll`` delivers messages and marks them in flight;
+    ``ack`` commits the contiguous frontier (lowest offset still in flight, or the read
+    position when none is); ``nack`` redelivers one message first on a later poll;
+    ``seek`` repositions and persists the cursor.
+    """
+
+    def __init__(self, queue: Queue, name: str, *, cursor_fsync: str | Fsync = Fsync.ASYNC) -> None:
+        self._closed = True
+        self.name = check_group_name(name)
+        self.queue = queue
+        self.cursor_fsync = parse_fsync(cursor_fsync, "cursor_fsync")
+        self.path = queue.path / cursor_name(name)
+        self._fd = open_fd(self.path, os.O_RDWR | os.O_CREAT)
+        self._map: Mapping | None = None
+        self._reader: Reader | None = None
+        try:
+            if not try_lock(self._fd):
+                raise GroupBusyError(
+                    f"consumer group {name!r} of {queue.path} is owned by another consumer",
+                    path=self.path, hint="close the other owner first (one owner per group)",
+                )
+            size = os.fstat(self._fd).st_size
+            if size < CURSOR_FILE_SIZE:
+                os.ftruncate(self._fd, CURSOR_FILE_SIZE)
+                if self.cursor_fsync is not Fsync.FLUSH:
+                    os.fsync(self._fd)
+                    fsync_dir(queue.path)
+            self._map = Mapping(self._fd, CURSOR_FILE_SIZE, writable=True)
+            c = self._c = ffi.new("k7_cursor *")
+            c.map = self._map.ptr
+            c.mode = self.cursor_fsync.code
+            if self.cursor_fsync is Fsync.ASYNC:
+                fl = queue._flusher()
+                c.bell = fl.bell
+                with fl.lock:
+                    fl.cursors[id(self)] = c
+            self._committed: int = lib.k7_cursor_load(c)
+            self._position = self._committed
+            self._reader = Reader(queue)
+        except BaseException:
+            self._release()
+            raise
+        self._inflight: set[int] = set()
+        self._pending: deque[int] = deque()
+        self._redeliver: list[int] = []
+        self._closed = False
+        queue._groups.add(self)
+
+    # ------------------------------------------------------------------ reading
+
+    def poll(self, max_batch: int = 256, timeout: float = 0.001) -> list[Message]:
+        """Return up to ``max_batch`` messages at once if any are visible; otherwise wait up
+        to ``timeout`` seconds (asleep, woken by the writer) for the first one."""
+        if self._closed:
+            self._raise_closed()
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        if self._redeliver:
+            out = self._take_redeliveries(max_batch)
+            if len(out) == max_batch:
+                return out
+            return out + self._read(max_batch - len(out))
+        msgs = self._read(max_batch)
+        if msgs or timeout <= 0:
+            return msgs
+        q = self.queue
+        deadline = time.monotonic() + timeout
+        while True:
+            end = q._visible_end()
+            if end > self._position:
+                msgs = self._read(max_batch)
+                if msgs:
+                    return msgs
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return msgs
+            q._wait(end, left)
+
+    def _read(self, max_batch: int) -> list[Message]:
+        reader = self._reader
+        assert reader is not None
+        end = self.queue._visible_end()
+        msgs: list[Message] = []
+        while True:
+            n, seg = reader.scan(self._position, end, max_batch - len(msgs))
+            if not n:
+                self._position = reader.next
+                return msgs
+            assert seg is not None and seg.map is not None
+            view = seg.map.view
+            assert view is not None
+            starts = ffi.unpack(reader.starts, n)
+            ends = map(add, starts, ffi.unpack(reader.lens, n))
+            offsets = list(map(add, starts, repeat(seg.base - 10, n)))
+            payloads = map(view.__getitem__, map(slice, starts, ends))
+            batch = list(map(_new_message, repeat(Message, n), zip(offsets, payloads)))
+            self._inflight.update(offsets)
+            self._pending.extend(offsets)
+            self._position = reader.next
+            if msgs:
+                msgs += batch
+            else:
+                msgs = batch
+            if len(msgs) >= max_batch or reader.status == SCAN_CORRUPT or reader.next >= end:
+                return msgs
+
+    def _take_redeliveries(self, max_batch: int) -> list[Message]:
+        take, self._redeliver = self._redeliver[:max_batch], self._redeliver[max_batch:]
+        reader = self._reader
+        assert reader is not None
+        out = []
+        for off in take:
+            n, seg = reader.scan(off, self.queue._visible_end(), 1)
+            if n and seg is not None and seg.map is not None and seg.map.view is not None:
+                s = reader.starts[0]
+                out.append(_new_message(Message, (off, seg.map.view[s : s + reader.lens[0]])))
+        return out
+
+    # ------------------------------------------------------------------ acknowledging
+
+    def ack(self, msg: Message | int) -> bool:
+        """Mark a delivered message done; False if it was not in flight (already acked...)."""
+        off = msg if type(msg) is int else msg[0]  # type: ignore[index]
+        inflight = self._inflight
+        if off not in inflight:
+            if self._closed:
+                self._raise_closed()
+            return False
+        inflight.discard(off)
+        pending = self._pending
+        if pending[0] == off:
+            pending.popleft()
+            while pending and pending[0] not in inflight:
+                pending.popleft()
+            self._store(pending[0] if pending else self._position)
+        return True
+
+    def ack_many(self, msgs: list[Message] | list[int]) -> int:
+        """Ack several messages; returns how many were in flight."""
+        return sum(map(self.ack, msgs))
+
+    def nack(self, msg: Message | int) -> bool:
+        """Redeliver this message (first) on a later poll, without the messages after it."""
+        off = msg if type(msg) is int else msg[0]  # type: ignore[index]
+        if off not in self._inflight:
+            if self._closed:
+                self._raise_closed()
+            return False
+        i = bisect.bisect_left(self._redeliver, off)
+        if i == len(self._redeliver) or self._redeliver[i] != off:
+            self._redeliver.insert(i, off)
+        return True
+
+    def seek(self, offset: int) -> None:
+        """Reposition to ``offset`` (a frame boundary; 0 replays everything) and persist it.
+
+        Messages in flight are forgotten: they are not redelivered unless the new position is
+        before them."""
+        if self._closed:
+            self._raise_closed()
+        if not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset must be a non-negative int, not {offset!r}")
+        self._inflight.clear()
+        self._pending.clear()
+        self._redeliver.clear()
+        self._position = offset
+        self._store(offset)
+
+    def _store(self, value: int) -> None:
+        if value == self._committed:
+            return
+        if lib.k7_cursor_store(self._c, value):
+            err = int(self._c.err)
+            raise StorageError(
+                f"cursor msync of {self.path} failed: {os.strerror(err)}", errno_=err,
+                path=self.path, hint="the acknowledgement is not durable",
+            )
+        self._committed = value
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def committed(self) -> int:
+        """The committed offset (next to deliver after a restart), as stored in the cursor."""
+        return self._committed
+
+    @property
+    def position(self) -> int:
+        """The next offset ``poll`` reads (after redeliveries)."""
+        return self._position
+
+    @property
+    def lag(self) -> int:
+        """Bytes of log between the committed cursor and the visible end."""
+        if self._closed:
+            self._raise_closed()
+        return max(0, self.queue._visible_end() - self._committed)
+
+    @property
+    def in_flight(self) -> int:
+        """How many delivered messages are not yet acked."""
+        return len(self._inflight)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _raise_closed(self) -> None:
+        raise ClosedError(f"consumer group {self.name!r} is closed", path=self.path)
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Final cursor sync, release the cursor file and its lock. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._inflight.clear()
+        err = 0
+        if self.cursor_fsync is not Fsync.FLUSH:
+            err = lib.k7_msync(self._c.map, 0, 8)
+        self._release()
+        self.queue._groups.discard(self)
+        if err:
+            raise StorageError(
+                f"final cursor msync of {self.path} failed: {os.strerror(err)}",
+                errno_=err, path=self.path,
+            )
+
+    def _release(self) -> None:
+        fl = self.queue._r.flusher
+        if fl is not None:
+            with fl.lock:
+                fl.cursors.pop(id(self), None)
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> ConsumerGroup:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"committed={self._committed}"
+        return f"<k7core.ConsumerGroup {self.name!r} {state}>"

@@ -1,0 +1,35 @@
+"""The compiled cffi kernel (``k7core._native._k7``): ``ffi`` and ``lib``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from ._native._k7 import ffi as _ffi
+    from ._native._k7 import lib as _lib
+except ImportError as exc:  # pragma: no cover - only when the build step was skipped
+    raise ImportError(
+        "k7core's C kernel is not built: install the package with `pip install .` "
+        "(it compiles k7core/_native/k7.c through cffi)"
+    ) from exc
+
+ffi: Any = _ffi
+lib: Any = _lib
+
+NOFIT: int = lib.K7_NOFIT
+EIO: int = lib.K7_EIO
+BADOFFSETS: int = lib.K7_BADOFFSETS
+SCAN_OK: int = lib.K7_SCAN_OK
+SCAN_EMPTY: int = lib.K7_SCAN_EMPTY
+SCAN_CORRUPT: int = lib.K7_SCAN_CORRUPT
+
+
+def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
+    """CRC32C (Castagnoli) of ``data``, hardware-accelerated where the CPU has it."""
+    buf = ffi.from_buffer(data)
+    return int(lib.k7_crc32c(crc, buf, len(buf)))
+
+
+def hardware_crc() -> bool:
+    """True when the kernel uses the CPU's CRC32C instruction."""
+    return bool(lib.k7_crc32c_hardware())

@@ -1,0 +1,414 @@
+/* k7 kernel. See k7.h for the frame layout and the contract of each function. */
+#define _GNU_SOURCE
+#include "k7.h"
+
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <nmmintrin.h>
+#endif
+
+#define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+/* ------------------------------------------------------------------ CRC32C */
+
+static uint32_t crc_table[8][256];
+static int crc_hw = 0;
+
+__attribute__((constructor)) static void k7_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    crc_hw = __builtin_cpu_supports("sse4.2");
+#endif
+}
+
+static uint32_t crc_sw(uint32_t crc, const uint8_t *p, size_t n) {
+    while (n && ((uintptr_t)p & 7)) { crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8); n--; }
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        w ^= crc;  /* little-endian hosts only use this path on x86/arm64 */
+        crc = crc_table[7][w & 0xFF] ^ crc_table[6][(w >> 8) & 0xFF] ^
+              crc_table[5][(w >> 16) & 0xFF] ^ crc_table[4][(w >> 24) & 0xFF] ^
+              crc_table[3][(w >> 32) & 0xFF] ^ crc_table[2][(w >> 40) & 0xFF] ^
+              crc_table[1][(w >> 48) & 0xFF] ^ crc_table[0][w >> 56];
+        p += 8; n -= 8;
+    }
+    while (n--) crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return crc;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) static uint32_t crc_hw_x86(uint32_t crc, const uint8_t *p, size_t n) {
+    uint64_t c = crc;
+    while (n && ((uintptr_t)p & 7)) { c = _mm_crc32_u8((uint32_t)c, *p++); n--; }
+    while (n >= 8) { uint64_t w; memcpy(&w, p, 8); c = _mm_crc32_u64(c, w); p += 8; n -= 8; }
+    while (n--) c = _mm_crc32_u8((uint32_t)c, *p++);
+    return (uint32_t)c;
+}
+#endif
+
+uint32_t k7_crc32c(uint32_t crc, const uint8_t *buf, size_t len) {
+    crc = ~crc;
+#if defined(__x86_64__)
+    if (crc_hw) return ~crc_hw_x86(crc, buf, len);
+#endif
+    return ~crc_sw(crc, buf, len);
+}
+
+int k7_crc32c_hardware(void) { return crc_hw; }
+
+/* ------------------------------------------------------------------ frames */
+
+static inline uint32_t be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline void put_be32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+}
+
+int64_t k7_frame_size(int64_t len) { return (K7_HEADER + len + 7) & ~(int64_t)7; }
+
+/* Write one frame; returns the new position or K7_NOFIT. */
+static inline int64_t put_frame(uint8_t *buf, int64_t cap, int64_t pos, const uint8_t *data, int64_t len) {
+    if (len < 0 || len > K7_MAX_LEN || pos < 0) return K7_NOFIT;
+    int64_t size = k7_frame_size(len);
+    if (pos > cap || size > cap - pos) return K7_NOFIT;
+    uint8_t *f = buf + pos;
+    f[0] = K7_MAGIC;
+    f[1] = K7_FLAG_COMMITTED;
+    put_be32(f + 2, (uint32_t)len);
+    put_be32(f + 6, k7_crc32c(0, data, (size_t)len));
+    if (len) memcpy(f + K7_HEADER, data, (size_t)len);
+    memset(f + K7_HEADER + len, 0, (size_t)(size - K7_HEADER - len));
+    return pos + size;
+}
+
+int64_t k7_write_frame(uint8_t *buf, int64_t cap, int64_t pos, const uint8_t *data, int64_t len) {
+    return put_frame(buf, cap, pos, data, len);
+}
+
+/* Validate the frame at pos; returns its payload length, or -K7_SCAN_EMPTY / -K7_SCAN_CORRUPT. */
+static inline int64_t check_frame(const uint8_t *buf, int64_t cap, int64_t pos, int64_t limit) {
+    if (pos < 0 || pos > cap - K7_HEADER) return -K7_SCAN_EMPTY;
+    const uint8_t *f = buf + pos;
+    if (f[0] == 0 && f[1] == 0) {
+        uint32_t l = be32(f + 2), c = be32(f + 6);
+        if (l == 0 && c == 0) return -K7_SCAN_EMPTY;
+        return -K7_SCAN_CORRUPT;
+    }
+    if (f[0] != K7_MAGIC || f[1] != K7_FLAG_COMMITTED) return -K7_SCAN_CORRUPT;
+    int64_t len = (int64_t)be32(f + 2);
+    if (len > K7_MAX_LEN || len > limit - pos - K7_HEADER) return -K7_SCAN_CORRUPT;
+    if (k7_crc32c(0, f + K7_HEADER, (size_t)len) != be32(f + 6)) return -K7_SCAN_CORRUPT;
+    return len;
+}
+
+int64_t k7_scan(const uint8_t *buf, int64_t cap, int64_t pos, int64_t limit, int64_t max_n,
+                int64_t *out_pos, int64_t *out_len, int64_t *out_next, int32_t *out_status) {
+    if (limit > cap) limit = cap;
+    int64_t n = 0;
+    int32_t status = K7_SCAN_OK;
+    while (n < max_n && pos < limit) {
+        int64_t len = check_frame(buf, cap, pos, limit);
+        if (len < 0) { status = (int32_t)-len; break; }
+        out_pos[n] = pos + K7_HEADER;
+        out_len[n] = len;
+        n++;
+        int64_t next = pos + k7_frame_size(len);
+        pos = next < cap ? next : cap;
+    }
+    *out_next = pos;
+    *out_status = status;
+    return n;
+}
+
+int64_t k7_scan_end(const uint8_t *buf, int64_t cap, int64_t *out_count, int32_t *out_status) {
+    int64_t pos = 0, count = 0;
+    int32_t status = K7_SCAN_OK;
+    while (pos < cap) {
+        int64_t len = check_frame(buf, cap, pos, cap);
+        if (len < 0) { status = (int32_t)-len; break; }
+        count++;
+        int64_t next = pos + k7_frame_size(len);
+        pos = next < cap ? next : cap;
+    }
+    *out_count = count;
+    *out_status = status;
+    return pos;
+}
+
+int64_t k7_last_nonzero(const uint8_t *buf, int64_t from, int64_t cap) {
+    if (from < 0) from = 0;
+    int64_t i = cap;
+    while (i > from && (i & 7)) { if (buf[i - 1]) return i; i--; }
+    while (i - 8 >= from) {
+        uint64_t w;
+        memcpy(&w, buf + i - 8, 8);
+        if (w) break;
+        i -= 8;
+    }
+    while (i > from) { if (buf[i - 1]) return i; i--; }
+    return from;
+}
+
+int64_t k7_gather(const uint8_t *buf, int64_t cap, const int64_t *pos, const int64_t *len,
+                  int64_t n, uint8_t *dst, int64_t dst_cap, int32_t *dst_offsets) {
+    int64_t total = 0;
+    dst_offsets[0] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (pos[i] < 0 || len[i] < 0 || pos[i] > cap || len[i] > cap - pos[i]) return -1;
+        if (len[i] > dst_cap - total || total + len[i] > 0x7FFFFFFF) return -1;
+        memcpy(dst + total, buf + pos[i], (size_t)len[i]);
+        total += len[i];
+        dst_offsets[i + 1] = (int32_t)total;
+    }
+    return total;
+}
+
+/* ------------------------------------------------------------------ waiting */
+
+#ifdef __linux__
+static void futex_wait(uint32_t *addr, uint32_t val, int64_t timeout_ns, int private_) {
+    struct timespec ts, *tsp = NULL;
+    if (timeout_ns >= 0) {
+        ts.tv_sec = timeout_ns / 1000000000LL;
+        ts.tv_nsec = timeout_ns % 1000000000LL;
+        tsp = &ts;
+    }
+    syscall(SYS_futex, addr, private_ ? FUTEX_WAIT_PRIVATE : FUTEX_WAIT, val, tsp, NULL, 0);
+}
+static void futex_wake(uint32_t *addr, int n, int private_) {
+    syscall(SYS_futex, addr, private_ ? FUTEX_WAKE_PRIVATE : FUTEX_WAKE, n, NULL, NULL, 0);
+}
+#endif
+
+void k7_sleep_ns(int64_t ns) {
+    if (ns <= 0) return;
+    struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
+}
+
+#ifndef __linux__
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+#endif
+
+void k7_publish(k7_pos *p, uint64_t end) {
+    __atomic_store_n(&p->end, end, __ATOMIC_SEQ_CST);
+    __atomic_fetch_add(&p->seq, 1, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+    if (__atomic_load_n(&p->waiters, __ATOMIC_SEQ_CST)) futex_wake(&p->seq, 0x7FFFFFFF, 0);
+#endif
+}
+
+uint64_t k7_load_end(const k7_pos *p) { return LOAD_ACQ(&p->end); }
+
+void k7_pos_reset_waiters(k7_pos *p) { __atomic_store_n(&p->waiters, 0, __ATOMIC_SEQ_CST); }
+
+int k7_wait(k7_pos *p, uint64_t known_end, int64_t timeout_ns) {
+    if (LOAD_ACQ(&p->end) != known_end) return 1;
+#ifdef __linux__
+    __atomic_fetch_add(&p->waiters, 1, __ATOMIC_SEQ_CST);
+    uint32_t seq = __atomic_load_n(&p->seq, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&p->end, __ATOMIC_SEQ_CST) == known_end) futex_wait(&p->seq, seq, timeout_ns, 0);
+    __atomic_fetch_sub(&p->waiters, 1, __ATOMIC_SEQ_CST);
+#else
+    int64_t deadline = now_ns() + timeout_ns, step = 20000;
+    while (LOAD_ACQ(&p->end) == known_end) {
+        int64_t left = deadline - now_ns();
+        if (left <= 0) break;
+        k7_sleep_ns(step < left ? step : left);
+        if (step < 1000000) step *= 2;
+    }
+#endif
+    return LOAD_ACQ(&p->end) != known_end;
+}
+
+uint32_t k7_bell_seq(k7_bell *b) { return __atomic_load_n(&b->seq, __ATOMIC_SEQ_CST); }
+
+void k7_bell_ring(k7_bell *b) {
+    __atomic_fetch_add(&b->seq, 1, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+    if (__atomic_load_n(&b->sleeping, __ATOMIC_SEQ_CST)) futex_wake(&b->seq, 1, 1);
+#endif
+}
+
+int k7_bell_wait(k7_bell *b, uint32_t seen, int64_t timeout_ns) {
+#ifdef __linux__
+    __atomic_store_n(&b->sleeping, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&b->seq, __ATOMIC_SEQ_CST) == seen) futex_wait(&b->seq, seen, timeout_ns, 1);
+    __atomic_store_n(&b->sleeping, 0, __ATOMIC_SEQ_CST);
+#else
+    int64_t deadline = now_ns() + timeout_ns;
+    while (__atomic_load_n(&b->seq, __ATOMIC_SEQ_CST) == seen && now_ns() < deadline) k7_sleep_ns(50000);
+#endif
+    return __atomic_load_n(&b->seq, __ATOMIC_SEQ_CST) != seen;
+}
+
+/* ------------------------------------------------------------------ msync */
+
+int k7_msync(uint8_t *addr, int64_t start, int64_t end) {
+    if (end <= start) return 0;
+    int64_t page = (int64_t)sysconf(_SC_PAGESIZE);
+    int64_t s = start & ~(page - 1);
+    if (msync(addr + s, (size_t)(end - s), MS_SYNC) != 0) return errno ? errno : EIO;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ writer */
+
+static inline int64_t finish(k7_writer *w, int64_t start) {
+    int64_t pos = w->pos;
+    STORE_REL(&w->written, pos);
+    switch (w->mode) {
+    case 0:
+        k7_publish(w->pub, (uint64_t)(w->base + pos));
+        break;
+    case 1:
+        k7_bell_ring(w->bell);
+        break;
+    default: {
+        int rc = k7_msync(w->seg, start, pos);
+        w->nsyncs++;
+        if (rc) {
+            w->err = rc;
+            memset(w->seg + start, 0, (size_t)(pos - start));
+            w->pos = start;
+            STORE_REL(&w->written, start);
+            return K7_EIO;
+        }
+        w->synced = pos;
+        k7_publish(w->pub, (uint64_t)(w->base + pos));
+    }
+    }
+    return 0;
+}
+
+int64_t k7_append(k7_writer *w, const uint8_t *data, int64_t len) {
+    if (w->err) return K7_EIO;
+    int64_t start = w->pos;
+    int64_t next = put_frame(w->seg, w->cap, start, data, len);
+    if (next < 0) return K7_NOFIT;
+    w->pos = next;
+    int64_t rc = finish(w, start);
+    return rc ? rc : w->base + start;
+}
+
+int64_t k7_append_many(k7_writer *w, uint8_t **datas, const int64_t *lens, int64_t n, int64_t *out_offsets) {
+    if (w->err) return K7_EIO;
+    int64_t start = w->pos, pos = start, i = 0;
+    for (; i < n; i++) {
+        int64_t next = put_frame(w->seg, w->cap, pos, datas[i], lens[i]);
+        if (next < 0) break;
+        out_offsets[i] = w->base + pos;
+        pos = next;
+    }
+    if (i == 0) return 0;
+    w->pos = pos;
+    int64_t rc = finish(w, start);
+    return rc ? rc : i;
+}
+
+int64_t k7_append_columnar(k7_writer *w, const uint8_t *buf, int64_t buf_len, const int64_t *offsets, int64_t n, int64_t *out_offsets) {
+    if (w->err) return K7_EIO;
+    int64_t start = w->pos, pos = start, i = 0;
+    for (i = 0; i < n; i++) {
+        int64_t a = offsets[i], b = offsets[i + 1];
+        if (a < 0 || b < a || b > buf_len) return K7_BADOFFSETS;
+    }
+    for (i = 0; i < n; i++) {
+        int64_t a = offsets[i], b = offsets[i + 1];  /* -3: malformed offsets */
+        int64_t next = put_frame(w->seg, w->cap, pos, buf + a, b - a);
+        if (next < 0) break;
+        out_offsets[i] = w->base + pos;
+        pos = next;
+    }
+    if (i == 0) return 0;
+    w->pos = pos;
+    int64_t rc = finish(w, start);
+    return rc ? rc : i;
+}
+
+int64_t k7_append_columnar32(k7_writer *w, const uint8_t *buf, int64_t buf_len, const int32_t *offsets, int64_t n, int64_t *out_offsets) {
+    if (w->err) return K7_EIO;
+    int64_t start = w->pos, pos = start, i = 0;
+    for (i = 0; i < n; i++) {
+        int64_t a = offsets[i], b = offsets[i + 1];
+        if (a < 0 || b < a || b > buf_len) return K7_BADOFFSETS;
+    }
+    for (i = 0; i < n; i++) {
+        int64_t a = offsets[i], b = offsets[i + 1];
+        int64_t next = put_frame(w->seg, w->cap, pos, buf + a, b - a);
+        if (next < 0) break;
+        out_offsets[i] = w->base + pos;
+        pos = next;
+    }
+    if (i == 0) return 0;
+    w->pos = pos;
+    int64_t rc = finish(w, start);
+    return rc ? rc : i;
+}
+
+int k7_writer_sync(k7_writer *w) {
+    int64_t end = LOAD_ACQ(&w->written);
+    if (end > w->synced) {
+        int rc = k7_msync(w->seg, w->synced, end);
+        w->nsyncs++;
+        if (rc) { w->err = rc; return rc; }
+        w->synced = end;
+    }
+    if (w->mode != 0 && k7_load_end(w->pub) != (uint64_t)(w->base + end))
+        k7_publish(w->pub, (uint64_t)(w->base + end));
+    return 0;
+}
+
+void k7_writer_rollback(k7_writer *w, int64_t pos) {
+    if (pos < 0 || pos > w->pos) return;
+    memset(w->seg + pos, 0, (size_t)(w->pos - pos));
+    w->pos = pos;
+    STORE_REL(&w->written, pos);
+}
+
+/* ------------------------------------------------------------------ cursor */
+
+int k7_cursor_store(k7_cursor *c, int64_t value) {
+    __atomic_store_n((uint64_t *)c->map, __builtin_bswap64((uint64_t)value), __ATOMIC_RELEASE);
+    if (c->mode == 2) {
+        int rc = k7_msync(c->map, 0, 8);
+        if (rc) c->err = rc;
+        return rc;
+    }
+    if (c->mode == 1 && !__atomic_exchange_n(&c->dirty, 1, __ATOMIC_SEQ_CST)) k7_bell_ring(c->bell);
+    return 0;
+}
+
+int64_t k7_cursor_load(const k7_cursor *c) {
+    return (int64_t)__builtin_bswap64(__atomic_load_n((const uint64_t *)c->map, __ATOMIC_ACQUIRE));
+}
+
+int k7_cursor_sync(k7_cursor *c) {
+    if (!__atomic_exchange_n(&c->dirty, 0, __ATOMIC_SEQ_CST)) return 0;
+    int rc = k7_msync(c->map, 0, 8);
+    if (rc) { c->err = rc; __atomic_store_n(&c->dirty, 1, __ATOMIC_SEQ_CST); }
+    return rc;
+}

@@ -1,0 +1,108 @@
+/* k7 kernel: frame codec, CRC32C, scan, position publication, msync.
+ *
+ * Frame layout (k7-compatible, big-endian fields):
+ *
+ *   0      1      2              6              10            10+len      align8
+ *   +------+------+--------------+--------------+-------------+-----------+
+ *   | 0x4B | 0x01 | length (u32) | CRC32C (u32) | payload ... | zero pad  |
+ *   +------+------+--------------+--------------+-------------+-----------+
+ *
+ * Every function is bounds-checked against the capacity it is given: no
+ * input (however corrupt) makes it read or write outside [base, base+cap).
+ */
+#include <stdint.h>
+#include <stddef.h>
+
+#define K7_HEADER 10
+#define K7_MAGIC 0x4B
+#define K7_FLAG_COMMITTED 0x01
+#define K7_MAX_LEN 2147483647LL
+
+/* scan status */
+#define K7_SCAN_OK 0       /* stopped at max_n or at the limit */
+#define K7_SCAN_EMPTY 1    /* zero header (or no room for one): end of written data */
+#define K7_SCAN_CORRUPT 2  /* bytes at *next that are not a valid frame */
+
+/* append return codes (negative) */
+#define K7_NOFIT (-1)      /* frame does not fit in the rest of the segment */
+#define K7_EIO (-2)        /* msync failed (now or earlier, sticky); errno in w->err */
+#define K7_BADOFFSETS (-3) /* columnar offsets not monotonic or outside the buffer */
+
+/* Published position (an mmap'd file shared by all processes). */
+typedef struct {
+    uint64_t end;        /* committed end, global offset; release store / acquire load */
+    uint32_t seq;        /* futex word, bumped on every publish */
+    uint32_t waiters;    /* readers blocked in k7_wait */
+} k7_pos;
+
+/* Wake-up word for the background flusher thread (process-private). */
+typedef struct {
+    uint32_t seq;
+    uint32_t sleeping;
+} k7_bell;
+
+/* Writer state: one per writing Queue (process-private). */
+typedef struct {
+    uint8_t *seg;        /* mapped segment */
+    int64_t cap;         /* segment size */
+    int64_t base;        /* base global offset */
+    int64_t pos;         /* write position (writer thread only) */
+    int64_t written;     /* atomic: end of complete frames, local */
+    int64_t synced;      /* flusher: end of msync'd frames, local */
+    k7_pos *pub;         /* where to publish */
+    k7_bell *bell;       /* flusher wake-up (mode 1) */
+    int32_t mode;        /* 0 flush, 1 async, 2 sync */
+    int32_t err;         /* errno of the last failed msync */
+    int64_t nsyncs;      /* msync calls made */
+} k7_writer;
+
+/* Cursor state: one per consumer group (process-private). */
+typedef struct {
+    uint8_t *map;        /* mapped cursor file (>= 8 bytes) */
+    k7_bell *bell;
+    int32_t mode;        /* 0 flush, 1 async, 2 sync */
+    int32_t err;
+    int32_t dirty;       /* atomic: stored but not yet msync'd */
+    int32_t pad_;
+} k7_cursor;
+
+uint32_t k7_crc32c(uint32_t crc, const uint8_t *buf, size_t len);
+int k7_crc32c_hardware(void);
+int64_t k7_frame_size(int64_t len);
+
+/* Single frames on a raw buffer (reference-comparable). */
+int64_t k7_write_frame(uint8_t *buf, int64_t cap, int64_t pos, const uint8_t *data, int64_t len);
+int64_t k7_scan(const uint8_t *buf, int64_t cap, int64_t pos, int64_t limit, int64_t max_n,
+                int64_t *out_pos, int64_t *out_len, int64_t *out_next, int32_t *out_status);
+int64_t k7_scan_end(const uint8_t *buf, int64_t cap, int64_t *out_count, int32_t *out_status);
+int64_t k7_last_nonzero(const uint8_t *buf, int64_t from, int64_t cap);
+int64_t k7_gather(const uint8_t *buf, int64_t cap, const int64_t *pos, const int64_t *len,
+                  int64_t n, uint8_t *dst, int64_t dst_cap, int32_t *dst_offsets);
+
+/* Writer: append and publish according to w->mode. Return the global offset
+ * (single) or the count written (batches, stopping at the first that does not fit). */
+int64_t k7_append(k7_writer *w, const uint8_t *data, int64_t len);
+int64_t k7_append_many(k7_writer *w, uint8_t **datas, const int64_t *lens, int64_t n, int64_t *out_offsets);
+int64_t k7_append_columnar(k7_writer *w, const uint8_t *buf, int64_t buf_len, const int64_t *offsets, int64_t n, int64_t *out_offsets);
+int64_t k7_append_columnar32(k7_writer *w, const uint8_t *buf, int64_t buf_len, const int32_t *offsets, int64_t n, int64_t *out_offsets);
+int k7_writer_sync(k7_writer *w);   /* msync [synced, written), publish; 0 or errno */
+void k7_writer_rollback(k7_writer *w, int64_t pos);
+
+/* Position publication and waiting (futex on Linux, sleep elsewhere). */
+void k7_publish(k7_pos *p, uint64_t end);
+uint64_t k7_load_end(const k7_pos *p);
+int k7_wait(k7_pos *p, uint64_t known_end, int64_t timeout_ns);
+void k7_pos_reset_waiters(k7_pos *p);
+
+/* Flusher bell. */
+uint32_t k7_bell_seq(k7_bell *b);
+void k7_bell_ring(k7_bell *b);
+int k7_bell_wait(k7_bell *b, uint32_t seen, int64_t timeout_ns);
+
+/* Cursor: store big-endian int64 at byte 0, durability per mode. */
+int k7_cursor_store(k7_cursor *c, int64_t value);
+int64_t k7_cursor_load(const k7_cursor *c);
+int k7_cursor_sync(k7_cursor *c);   /* msync if dirty; 0 or errno */
+
+int k7_msync(uint8_t *addr, int64_t start, int64_t end);
+void k7_sleep_ns(int64_t ns);

@@ -1,0 +1,619 @@
+"""The queue: one writer per directory, recovery on open, publication of the visible end."""
+
+from __future__ import annotations
+
+import array
+import itertools
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from ._errors import (
+    ClosedError,
+    MessageTooLargeError,
+    NotAQueueError,
+    QueueLockedError,
+    ReadOnlyError,
+    StorageError,
+)
+from ._format import (
+    DEFAULT_SEGMENT_SIZE,
+    FRAME_HEADER,
+    MAX_PAYLOAD,
+    POSITION_FILE,
+    POSITION_FILE_SIZE,
+    WRITER_LOCK,
+    Fsync,
+    frame_size,
+    parse_fsync,
+    segment_name,
+)
+from ._kernel import BADOFFSETS, EIO, NOFIT, ffi, lib
+from ._reader import Reader
+from ._storage import (
+    Mapping,
+    create_segment,
+    list_segments,
+    lock_is_free,
+    map_file,
+    open_fd,
+    try_lock,
+)
+
+if TYPE_CHECKING:
+    from ._group import ConsumerGroup
+
+log = logging.getLogger("k7core")
+
+_append = lib.k7_append
+_from_buffer = ffi.from_buffer
+
+
+class _Flusher:
+    """Background thread for ``"async"``: msyncs the log and async cursors, then publishes.
+
+    It holds no reference to the Queue, so an abandoned queue can still be collected.
+    """
+
+    def __init__(self, interval: float, name: str) -> None:
+        self.lock = threading.Lock()
+        self.bell: Any = ffi.new("k7_bell *")
+        self.writer: Any = None  # k7_writer* when the log is async
+        self.cursors: dict[int, Any] = {}  # id -> k7_cursor*
+        self.error: int = 0
+        self._interval_ns = int(interval * 1e9)
+        self._stop = False
+        self._name = name
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    def sync_once(self) -> int:
+        with self.lock:
+            rc = 0
+            if self.writer is not None:
+                rc = lib.k7_writer_sync(self.writer)
+            for c in self.cursors.values():
+                rc = lib.k7_cursor_sync(c) or rc
+            if rc:
+                self.error = rc
+            return int(rc)
+
+    def _run(self) -> None:
+        bell = self.bell
+        while True:
+            seen = lib.k7_bell_seq(bell)
+            self.sync_once()
+            if self._stop:
+                return
+            if self._interval_ns:
+                lib.k7_sleep_ns(self._interval_ns)
+            lib.k7_bell_wait(bell, seen, 200_000_000)
+
+    def stop(self) -> None:
+        self._stop = True
+        lib.k7_bell_ring(self.bell)
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+class _Resources:
+    """OS resources of a queue, released exactly once (by close() or by the finalizer)."""
+
+    def __init__(self) -> None:
+        self.lock_fd = -1
+        self.pos_map: Mapping | None = None
+        self.seg_map: Mapping | None = None
+        self.flusher: _Flusher | None = None
+
+    def release(self) -> None:
+        if self.flusher is not None:
+            self.flusher.stop()
+            self.flusher = None
+        for m in (self.seg_map, self.pos_map):
+            if m is not None:
+                m.close()
+        self.seg_map = self.pos_map = None
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
+
+
+class Queue:
+    """A durable append-only log in a directory; creates it or recovers it on open.
+
+    One writer per directory across processes (``QueueLockedError`` otherwise). ``enqueue``
+    must be called from one thread at a time. Consumer groups are opened with
+    :meth:`consumer_group`. ``readonly=True`` opens a queue that another process writes:
+    no writer lock, ``enqueue`` raises, consumer groups work.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        segment_size: int = DEFAULT_SEGMENT_SIZE,
+        fsync: str | Fsync = Fsync.ASYNC,
+        commit_interval: float = 50e-6,
+        readonly: bool = False,
+    ) -> None:
+        self._closed = True
+        self._w: Any = None
+        self.path = Path(path)
+        if not isinstance(segment_size, int) or segment_size < 64 or segment_size % 8:
+            raise ValueError(
+                f"segment_size must be an int >= 64 and a multiple of 8, not {segment_size!r}"
+            )
+        if not isinstance(commit_interval, (int, float)) or not 0 <= commit_interval <= 10:
+            raise ValueError(f"commit_interval must be seconds in [0, 10], not {commit_interval!r}")
+        self.segment_size = segment_size
+        self.fsync = parse_fsync(fsync, "fsync")
+        self.commit_interval = float(commit_interval)
+        self.readonly = bool(readonly)
+        self._groups: weakref.WeakSet[ConsumerGroup] = weakref.WeakSet()
+        self._bases: list[int] = []
+        self._floor_end = 0
+        self._r = _Resources()
+        self._finalizer = weakref.finalize(self, self._r.release)
+        try:
+            self._open()
+        except BaseException:
+            self._finalizer()
+            raise
+        self._closed = False
+
+    # ------------------------------------------------------------------ open / recover
+
+    def _open(self) -> None:
+        if self.readonly:
+            if not self.path.is_dir():
+                raise NotAQueueError(
+                    f"{self.path} is not a queue directory", path=self.path,
+                    hint="open it once without readonly=True to create it",
+                )
+        else:
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot create queue directory {self.path}: {exc.strerror}",
+                    errno_=exc.errno or 0, path=self.path,
+                ) from exc
+            if not self.path.is_dir():
+                raise NotAQueueError(f"{self.path} is not a directory", path=self.path)
+            fd = open_fd(self.path / WRITER_LOCK, os.O_RDWR | os.O_CREAT)
+            self._r.lock_fd = fd
+            if not try_lock(fd):
+                raise QueueLockedError(
+                    f"queue {self.path} is locked by another writer", path=self.path,
+                    hint="close the other Queue, or open this one with readonly=True",
+                )
+        self._open_position()
+        self._bases = list_segments(self.path)
+        if self.readonly:
+            if self._bases and lock_is_free(self.path / WRITER_LOCK):
+                self._floor_end = self._scan_end_readonly()
+        else:
+            self._recover()
+
+    def _open_position(self) -> None:
+        path = self.path / POSITION_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            if not self.readonly:
+                raise
+            self._pub: Any = ffi.new("k7_pos *")  # read-only directory: private, polled
+            return
+        try:
+            if os.fstat(fd).st_size < POSITION_FILE_SIZE:
+                os.ftruncate(fd, POSITION_FILE_SIZE)
+            self._r.pos_map = Mapping(fd, POSITION_FILE_SIZE, writable=True)
+        finally:
+            os.close(fd)
+        self._pub = ffi.cast("k7_pos *", self._r.pos_map.ptr)
+
+    def _scan_end_readonly(self) -> int:
+        base = self._bases[-1]
+        m = map_file(self.path / segment_name(base), writable=False)
+        if m is None:
+            return base
+        try:
+            count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
+            return base + int(lib.k7_scan_end(m.ptr, m.size, count, status))
+        finally:
+            m.close()
+
+    def _recover(self) -> None:
+        durable = self.fsync is not Fsync.FLUSH
+        if not self._bases:
+            create_segment(self.path, 0, self.segment_size, durable=durable)
+            self._bases = [0]
+        base = self._bases[-1]
+        path = self.path / segment_name(base)
+        m = map_file(path, writable=True)
+        count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
+        end = 0 if m is None else int(lib.k7_scan_end(m.ptr, m.size, count, status))
+        if m is None or (end == 0 and m.size < self.segment_size):
+            if m is not None:
+                self._cut_tail(m, base, 0)
+                m.close()
+            create_segment(self.path, base, self.segment_size, durable=durable)
+            m = map_file(path, writable=True)
+            assert m is not None
+            end = 0
+        else:
+            self._cut_tail(m, base, end)
+        self._r.seg_map = m
+        w = ffi.new("k7_writer *")
+        w.seg, w.cap, w.base = m.ptr, m.size, base
+        w.pos = w.written = w.synced = end
+        w.pub = self._pub
+        w.mode = self.fsync.code
+        self._w = w
+        lib.k7_pos_reset_waiters(self._pub)
+        lib.k7_publish(self._pub, base + end)
+        if self.fsync is Fsync.ASYNC:
+            fl = self._flusher()
+            w.bell = fl.bell
+            with fl.lock:
+                fl.writer = w
+
+    def _cut_tail(self, m: Mapping, base: int, end: int) -> None:
+        """Save and zero whatever follows the last valid frame, so it can never reappear."""
+        last = int(lib.k7_last_nonzero(m.ptr, end, m.size))
+        if last <= end:
+            return
+        assert m.mm is not None
+        side = self.path / f"k7py-torn-{base:020d}-{end:012d}-{time.time_ns()}.bin"
+        with open(side, "wb") as f:
+            f.write(m.mm[end:last])
+            f.flush()
+            os.fsync(f.fileno())
+        m.mm[end:last] = bytes(last - end)
+        m.mm.flush()
+        log.warning(
+            "k7core: cut the torn or corrupt tail of %s at offset %d (position %d): "
+            "%d bytes discarded, saved to %s",
+            segment_name(base), base + end, end, last - end, side.name,
+        )
+
+    def _flusher(self) -> _Flusher:
+        fl = self._r.flusher
+        if fl is None:
+            fl = self._r.flusher = _Flusher(self.commit_interval, f"k7-flusher-{self.path.name}")
+            fl.start()
+        return fl
+
+    # ------------------------------------------------------------------ writing
+
+    def enqueue(self, data: bytes | bytearray | memoryview) -> int:
+        """Append one message; return its global offset.
+
+        Durable per the queue's ``fsync`` strategy when this returns (``"sync"``: msync'd).
+        """
+        w = self._w
+        if w is not None and type(data) is bytes:
+            off: int = _append(w, data, len(data))
+        elif w is not None:
+            try:
+                buf = _from_buffer(data)
+            except TypeError:
+                raise TypeError(
+                    f"payload must be bytes-like (bytes, bytearray, memoryview), "
+                    f"not {type(data).__name__}"
+                ) from None
+            off = _append(w, buf, len(buf))
+        else:
+            self._check_writable()
+            raise AssertionError("unreachable")
+        if off >= 0:
+            return off
+        return self._enqueue_slow(data, off)
+
+    def _enqueue_slow(self, data: Any, rc: int) -> int:
+        n = len(memoryview(data).cast("B"))
+        for _ in range(2):
+            if rc == NOFIT:
+                self._check_size(n)
+                self._roll()
+            elif rc == EIO:
+                self._raise_eio()
+            else:
+                return rc
+            rc = _append(self._w, _from_buffer(data), n)
+        if rc < 0:
+            self._raise_eio() if rc == EIO else self._check_size(n)
+        return rc
+
+    def enqueue_many(self, items: Iterable[bytes | bytearray | memoryview]) -> list[int]:
+        """Append a batch (one kernel call per segment); return the offsets in order."""
+        if not isinstance(items, (list, tuple)):
+            items = list(items)
+        try:
+            data = b"".join(items)
+        except TypeError as exc:
+            raise TypeError(f"enqueue_many: every item must be bytes-like ({exc})") from None
+        lens = list(map(len, items))
+        if sum(lens) != len(data):  # items whose len() is not their byte size
+            lens = [memoryview(x).nbytes for x in items]
+        offsets = array.array("q", itertools.accumulate(lens, initial=0))
+        return self._append_columnar(data, offsets, len(lens)).tolist()
+
+    def enqueue_columnar(
+        self, data: bytes | bytearray | memoryview, offsets: Any
+    ) -> array.array[int]:
+        """Append ``n`` messages given in the layout of an Arrow binary column.
+
+        ``data`` is one contiguous buffer; ``offsets`` holds ``n + 1`` int32 or int64 byte
+        positions into it (message ``i`` is ``data[offsets[i]:offsets[i+1]]``). Returns the
+        global offsets as an ``array('q')``: no Python object per message.
+        """
+        mv = memoryview(offsets)
+        if mv.format not in ("i", "l", "q") or mv.ndim != 1:
+            raise TypeError("offsets must be a 1-d int32 or int64 array (n + 1 entries)")
+        n = len(mv) - 1
+        if n < 0:
+            raise ValueError("offsets must hold at least one entry")
+        return self._append_columnar(data, mv, n)
+
+    def _append_columnar(self, data: Any, offsets: Any, n: int) -> array.array[int]:
+        out = array.array("q", bytes(8 * n))
+        if n == 0:
+            self._check_writable()
+            return out
+        w = self._w
+        if w is None:
+            self._check_writable()
+        dbuf = _from_buffer(data)
+        mv = memoryview(offsets)
+        wide = mv.itemsize == 8
+        obuf = ffi.cast("int64_t *" if wide else "int32_t *", _from_buffer(mv))
+        fn = lib.k7_append_columnar if wide else lib.k7_append_columnar32
+        optr = ffi.cast("int64_t *", _from_buffer(out))
+        done = 0
+        while done < n:
+            rc = fn(self._w, dbuf, len(dbuf), obuf + done, n - done, optr + done)
+            if rc > 0:
+                done += rc
+                continue
+            if rc == BADOFFSETS:
+                raise ValueError("offsets must be non-decreasing and within the data buffer")
+            if rc == EIO:
+                self._raise_eio()
+            self._check_size(mv[done + 1] - mv[done])
+            self._roll()
+        return out
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise ClosedError(f"queue {self.path} is closed", path=self.path)
+        if self.readonly:
+            raise ReadOnlyError(
+                f"queue {self.path} was opened with readonly=True", path=self.path,
+                hint="open it without readonly=True to write (one writer per directory)",
+            )
+
+    def _check_size(self, n: int) -> None:
+        if n > MAX_PAYLOAD or frame_size(n) > self.segment_size:
+            raise MessageTooLargeError(
+                f"a message of {n} bytes does not fit in a segment of {self.segment_size} "
+                f"bytes (frame header {FRAME_HEADER} bytes, 8-byte aligned)",
+                path=self.path,
+                hint="raise segment_size or split the message",
+            )
+
+    def _raise_eio(self) -> None:
+        w = self._w
+        err = int(w.err) if w is not None else 0
+        if self.fsync is Fsync.SYNC and w is not None:
+            w.err = 0  # the failed frames were rolled back; later writes may succeed
+        raise StorageError(
+            f"msync of {self.path} failed: {os.strerror(err) if err else 'I/O error'}",
+            errno_=err, path=self.path,
+            hint="the affected messages are not durable; check the disk, then reopen the queue",
+        )
+
+    def _roll(self) -> None:
+        """Seal the current segment where the next frame did not fit and start the next one."""
+        w = self._w
+        new_base = int(w.base + w.pos)
+        durable = self.fsync is not Fsync.FLUSH
+        if durable:
+            with self._flusher_lock():
+                if lib.k7_writer_sync(w):
+                    self._raise_eio()
+        path = create_segment(self.path, new_base, self.segment_size, durable=durable)
+        m = map_file(path, writable=True)
+        assert m is not None
+        with self._flusher_lock():
+            w.seg, w.cap, w.base = m.ptr, m.size, new_base
+            w.pos = w.written = w.synced = 0
+            old, self._r.seg_map = self._r.seg_map, m
+        if old is not None:
+            old.close()
+        self._bases.append(new_base)
+
+    def _flusher_lock(self) -> Any:
+        fl = self._r.flusher
+        return fl.lock if fl is not None else _NO_LOCK
+
+    def sync(self) -> None:
+        """Make everything enqueued so far durable (msync) and visible now, whatever the strategy."""
+        self._check_writable()
+        with self._flusher_lock():
+            if lib.k7_writer_sync(self._w):
+                self._raise_eio()
+
+    # ------------------------------------------------------------------ reading
+
+    def _visible_end(self) -> int:
+        end: int = lib.k7_load_end(self._pub)
+        return end if end > self._floor_end else self._floor_end
+
+    def _segment_bases(self, refresh: bool = False) -> list[int]:
+        if refresh or not self._bases:
+            self._bases = list_segments(self.path)
+        return self._bases
+
+    def _wait(self, known_end: int, timeout: float) -> None:
+        if self._r.pos_map is None:
+            time.sleep(min(timeout, 0.001))
+            return
+        lib.k7_wait(self._pub, known_end, int(timeout * 1e9))
+
+    @property
+    def end(self) -> int:
+        """The visible end of the log: readers see every message below this offset."""
+        self._check_open()
+        return self._visible_end()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"queue {self.path} is closed", path=self.path)
+
+    def consumer_group(
+        self, name: str, *, cursor_fsync: str | Fsync = Fsync.ASYNC
+    ) -> ConsumerGroup:
+        """Open (or create) the consumer group ``name``; one owner at a time."""
+        from ._group import ConsumerGroup
+
+        self._check_open()
+        return ConsumerGroup(self, name, cursor_fsync=cursor_fsync)
+
+    def read_columnar(self, offset: int, max_messages: int = 65536) -> ColumnarBatch:
+        """Read up to ``max_messages`` frames from ``offset`` (a frame boundary) in one scan.
+
+        Returns global offsets and payload positions/lengths into one read-only view (a single
+        segment), without a Python object per message. No consumer group is involved.
+        """
+        self._check_open()
+        if max_messages < 1:
+            raise ValueError("max_messages must be >= 1")
+        reader = Reader(self, max_messages)
+        try:
+            n, seg = reader.scan(offset, self._visible_end(), max_messages)
+            if n == 0 or seg is None or seg.map is None:
+                return ColumnarBatch(array.array("q"), array.array("q"), array.array("q"),
+                                     memoryview(b""), reader.next)
+            starts, lens = array.array("q"), array.array("q")
+            starts.frombytes(ffi.buffer(reader.starts, 8 * n))
+            lens.frombytes(ffi.buffer(reader.lens, 8 * n))
+            offsets = array.array("q", (seg.base - FRAME_HEADER + s for s in starts))
+            view = seg.map.view
+            assert view is not None
+            return ColumnarBatch(offsets, starts, lens, view[:], reader.next)
+        finally:
+            reader.close()
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Close the open groups, stop the flusher after a final sync, release files. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for g in list(self._groups):
+            g.close()
+        w, self._w = self._w, None
+        err = 0
+        fl = self._r.flusher
+        if fl is not None:
+            fl.stop()
+            err = fl.error
+        if w is not None:
+            with self._flusher_lock():
+                err = lib.k7_writer_sync(w) or err
+        self._finalizer()
+        if err and not self.readonly:
+            raise StorageError(
+                f"final msync of {self.path} failed: {os.strerror(err)}", errno_=err,
+                path=self.path, hint="recently enqueued messages may not be durable",
+            )
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("readonly" if self.readonly else self.fsync.value)
+        return f"<k7core.Queue {str(self.path)!r} {state}>"
+
+
+class ColumnarBatch:
+    """A batch read without per-message objects: ``payload i`` is
+    ``view[starts[i]:starts[i] + lengths[i]]``; ``next`` is the offset after the batch."""
+
+    __slots__ = ("lengths", "next", "offsets", "starts", "view")
+
+    def __init__(
+        self,
+        offsets: array.array[int],
+        starts: array.array[int],
+        lengths: array.array[int],
+        view: memoryview,
+        next_offset: int,
+    ) -> None:
+        self.offsets = offsets
+        self.starts = starts
+        self.lengths = lengths
+        self.view = view
+        self.next = next_offset
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def payload(self, i: int) -> memoryview:
+        s = self.starts[i]
+        return self.view[s : s + self.lengths[i]]
+
+    def gather(self) -> tuple[bytes, array.array[int]]:
+        """Copy the payloads into one contiguous buffer with int32 Arrow-style offsets."""
+        n = len(self.offsets)
+        total = sum(self.lengths)
+        dst = bytearray(total)
+        offs = array.array("i", bytes(4 * (n + 1)))
+        if n:
+            src = ffi.from_buffer(self.view)
+            rc = lib.k7_gather(
+                src, len(src),
+                ffi.cast("int64_t *", ffi.from_buffer(self.starts)),
+                ffi.cast("int64_t *", ffi.from_buffer(self.lengths)),
+                n, ffi.from_buffer(dst), total,
+                ffi.cast("int32_t *", ffi.from_buffer(offs)),
+            )
+            if rc < 0:
+                raise ValueError("batch too large to gather into int32 offsets")
+        return bytes(dst), offs
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()

@@ -1,0 +1,150 @@
+"""Files, locks and memory maps. Everything here owns an OS resource and closes it once."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+from ._errors import StorageError
+from ._format import SEGMENT_RE, segment_name
+from ._kernel import ffi
+
+
+class Mapping:
+    """A shared memory map of a whole file plus a C pointer into it.
+
+    Payload memoryviews handed to users are slices of ``view``. ``close()`` unmaps only when
+    no such view is still alive; otherwise the map is left to the garbage collector, which
+    unmaps it when the last view is released. A view therefore never dangles.
+    """
+
+    __slots__ = ("_cbuf", "mm", "ptr", "size", "view")
+
+    def __init__(self, fd: int, size: int, *, writable: bool) -> None:
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        self.mm: mmap.mmap | None = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+        self.size = size
+        self._cbuf: Any = ffi.from_buffer(self.mm, require_writable=writable)
+        self.ptr: Any = ffi.cast("uint8_t *", self._cbuf)
+        self.view: memoryview | None = memoryview(self.mm) if not writable else None
+
+    def close(self) -> None:
+        if self.mm is None:
+            return
+        ffi.release(self._cbuf)
+        self.ptr = ffi.NULL
+        view, self.view = self.view, None
+        mm, self.mm = self.mm, None
+        if view is not None:
+            try:
+                view.release()
+            except BufferError:
+                return  # slices of it are still held by users: the GC unmaps later
+        with contextlib.suppress(BufferError):
+            mm.close()
+
+
+def open_fd(path: Path, flags: int, mode: int = 0o644) -> int:
+    try:
+        return os.open(path, flags | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        raise StorageError(
+            f"cannot open {path}: {exc.strerror}", errno_=exc.errno or 0, path=path
+        ) from exc
+
+
+def try_lock(fd: int, *, exclusive: bool = True) -> bool:
+    """Take a non-blocking flock; False when another open file holds it."""
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def lock_is_free(path: Path) -> bool:
+    """True when nobody holds an exclusive flock on ``path`` (tested without keeping it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        if try_lock(fd, exclusive=False):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return True
+        return False
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def list_segments(directory: Path) -> list[int]:
+    """Sorted base offsets of the segment files in ``directory``."""
+    bases = []
+    for name in os.listdir(directory):
+        m = SEGMENT_RE.match(name)
+        if m:
+            bases.append(int(m.group(1)))
+    bases.sort()
+    return bases
+
+
+def preallocate(fd: int, size: int, path: Path) -> None:
+    """Reserve real blocks so a full disk fails here, not with SIGBUS on a later write."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            os.ftruncate(fd, size)  # filesystems without fallocate
+            return
+        hint = "free disk space and retry; the queue stays readable" if exc.errno in (
+            errno.ENOSPC,
+            errno.EDQUOT,
+        ) else None
+        raise StorageError(
+            f"cannot preallocate {size} bytes for {path.name}: {exc.strerror}",
+            errno_=exc.errno or 0,
+            path=path,
+            hint=hint,
+        ) from exc
+
+
+def create_segment(directory: Path, base: int, size: int, *, durable: bool) -> Path:
+    """Create (or re-create an empty, short one left by a crash) and preallocate a segment."""
+    path = directory / segment_name(base)
+    fd = open_fd(path, os.O_RDWR | os.O_CREAT)
+    try:
+        preallocate(fd, size, path)
+        if durable:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    if durable:
+        fsync_dir(directory)
+    return path
+
+
+def map_file(path: Path, *, writable: bool) -> Mapping | None:
+    """Map a whole file; None when it is empty (a segment left by a crash during a roll)."""
+    fd = open_fd(path, os.O_RDWR if writable else os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return None
+        return Mapping(fd, size, writable=writable)
+    finally:
+        os.close(fd)

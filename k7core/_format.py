@@ -21,7 +21,7 @@ POSITION_FILE = "k7py-position"
 MAX_GROUP_NAME_BYTES = 200
 
 
-class Fsync(str, enum.Enum):
+class Fsync(enum.StrEnum):
     """Durability strategy of a queue (``fsync``) or of a group's cursor (``cursor_fsync``).
 
     ``flush``: visible and written to the page cache at once; survives a process crash, not a

@@ -9,7 +9,7 @@ from collections import deque
 from itertools import repeat
 from operator import add, itemgetter
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._errors import ClosedError, GroupBusyError, StorageError
 from ._format import CURSOR_FILE_SIZE, Fsync, check_group_name, cursor_name, parse_fsync
@@ -80,7 +80,7 @@ class ConsumerGroup:
                 c.bell = fl.bell
                 with fl.lock:
                     fl.cursors[id(self)] = c
-            self._committed: int = lib.k7_cursor_load(c)
+            self._committed: int = int(lib.k7_cursor_load(c))
             self._position = self._committed
             self._reader = Reader(queue)
         except BaseException:
@@ -139,7 +139,7 @@ class ConsumerGroup:
             ends = map(add, starts, ffi.unpack(reader.lens, n))
             offsets = list(map(add, starts, repeat(seg.base - 10, n)))
             payloads = map(view.__getitem__, map(slice, starts, ends))
-            batch = list(map(_new_message, repeat(Message, n), zip(offsets, payloads)))
+            batch = list(map(_new_message, repeat(Message, n), zip(offsets, payloads, strict=True)))
             self._inflight.update(offsets)
             self._pending.extend(offsets)
             self._position = reader.next

@@ -449,7 +449,7 @@ class Queue:
         return fl.lock if fl is not None else _NO_LOCK
 
     def sync(self) -> None:
-        """Make everything enqueued so far durable (msync) and visible now, whatever the strategy."""
+        """Make everything enqueued so far durable (msync) and visible now, any strategy."""
         self._check_writable()
         with self._flusher_lock():
             if lib.k7_writer_sync(self._w):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ._errors import ClosedError, GroupBusyError, StorageError
 from ._format import CURSOR_FILE_SIZE, Fsync, check_group_name, cursor_name, parse_fsync
-from ._kernel import SCAN_CORRUPT, ffi, lib
+from ._kernel import SCAN_EMPTY, ffi, lib
 from ._reader import Reader
 from ._storage import Mapping, fsync_dir, open_fd, try_lock
 
@@ -39,6 +39,8 @@ class Message(tuple[int, memoryview]):
 
 
 _new_message = tuple.__new__
+_k7_read = lib.k7_read
+_unpack = ffi.unpack
 
 
 class ConsumerGroup:
@@ -59,6 +61,7 @@ class ConsumerGroup:
         self._fd = open_fd(self.path, os.O_RDWR | os.O_CREAT)
         self._map: Mapping | None = None
         self._reader: Reader | None = None
+        self._registered = False
         try:
             if not try_lock(self._fd):
                 raise GroupBusyError(
@@ -78,11 +81,11 @@ class ConsumerGroup:
             if self.cursor_fsync is Fsync.ASYNC:
                 fl = queue._flusher()
                 c.bell = fl.bell
-                with fl.lock:
-                    fl.cursors[id(self)] = c
+                fl.add_cursor(c)
+                self._registered = True
             self._committed: int = int(lib.k7_cursor_load(c))
-            self._position = self._committed
             self._reader = Reader(queue)
+            self._reader.c.pos = self._committed
         except BaseException:
             self._release()
             raise
@@ -113,7 +116,7 @@ class ConsumerGroup:
         deadline = time.monotonic() + timeout
         while True:
             end = q._visible_end()
-            if end > self._position:
+            if end > self._reader.c.pos:  # type: ignore[union-attr]
                 msgs = self._read(max_batch)
                 if msgs:
                     return msgs
@@ -123,43 +126,42 @@ class ConsumerGroup:
             q._wait(end, left)
 
     def _read(self, max_batch: int) -> list[Message]:
-        reader = self._reader
-        assert reader is not None
-        end = self.queue._visible_end()
-        msgs: list[Message] = []
-        while True:
-            n, seg = reader.scan(self._position, end, max_batch - len(msgs))
-            if not n:
-                self._position = reader.next
-                return msgs
-            assert seg is not None and seg.map is not None
-            view = seg.map.view
-            assert view is not None
-            starts = ffi.unpack(reader.starts, n)
-            ends = map(add, starts, ffi.unpack(reader.lens, n))
-            offsets = list(map(add, starts, repeat(seg.base - 10, n)))
+        rd = self._reader
+        assert rd is not None
+        rd.ensure_capacity(max_batch)
+        c = rd.c
+        n: int = _k7_read(c, max_batch) or rd.advance(max_batch)
+        if not n:
+            return []
+        view, base10 = rd.view, rd.base10
+        assert view is not None
+        if n == 1:
+            s = c.starts[0]
+            off = base10 + s
+            self._inflight.add(off)
+            self._pending.append(off)
+            msgs = [_new_message(Message, (off, view[s : s + c.lens[0]]))]
+        else:
+            starts = _unpack(c.starts, n)
+            offsets = list(map(add, starts, repeat(base10, n)))
+            ends = map(add, starts, _unpack(c.lens, n))
             payloads = map(view.__getitem__, map(slice, starts, ends))
-            batch = list(map(_new_message, repeat(Message, n), zip(offsets, payloads, strict=True)))
+            msgs = list(map(_new_message, repeat(Message, n), zip(offsets, payloads, strict=True)))
             self._inflight.update(offsets)
             self._pending.extend(offsets)
-            self._position = reader.next
-            if msgs:
-                msgs += batch
-            else:
-                msgs = batch
-            if len(msgs) >= max_batch or reader.status == SCAN_CORRUPT or reader.next >= end:
-                return msgs
+        if n < max_batch and c.status == SCAN_EMPTY and c.pos < c.end:
+            msgs += self._read(max_batch - n)  # the batch continues in the next segment
+        return msgs
 
     def _take_redeliveries(self, max_batch: int) -> list[Message]:
         take, self._redeliver = self._redeliver[:max_batch], self._redeliver[max_batch:]
-        reader = self._reader
-        assert reader is not None
+        rd = self._reader
+        assert rd is not None
         out = []
         for off in take:
-            n, seg = reader.scan(off, self.queue._visible_end(), 1)
-            if n and seg is not None and seg.map is not None and seg.map.view is not None:
-                s = reader.starts[0]
-                out.append(_new_message(Message, (off, seg.map.view[s : s + reader.lens[0]])))
+            payload = rd.payload_at(off)
+            if payload is not None:
+                out.append(_new_message(Message, (off, payload)))
         return out
 
     # ------------------------------------------------------------------ acknowledging
@@ -173,12 +175,14 @@ class ConsumerGroup:
                 self._raise_closed()
             return False
         inflight.discard(off)
+        if self._redeliver and off in self._redeliver:
+            self._redeliver.remove(off)
         pending = self._pending
         if pending[0] == off:
             pending.popleft()
             while pending and pending[0] not in inflight:
                 pending.popleft()
-            self._store(pending[0] if pending else self._position)
+            self._store(pending[0] if pending else self._reader.c.pos)  # type: ignore[union-attr]
         return True
 
     def ack_many(self, msgs: list[Message] | list[int]) -> int:
@@ -209,7 +213,8 @@ class ConsumerGroup:
         self._inflight.clear()
         self._pending.clear()
         self._redeliver.clear()
-        self._position = offset
+        assert self._reader is not None
+        self._reader.c.pos = offset
         self._store(offset)
 
     def _store(self, value: int) -> None:
@@ -233,7 +238,9 @@ class ConsumerGroup:
     @property
     def position(self) -> int:
         """The next offset ``poll`` reads (after redeliveries)."""
-        return self._position
+        if self._reader is None:
+            self._raise_closed()
+        return int(self._reader.c.pos)  # type: ignore[union-attr]
 
     @property
     def lag(self) -> int:
@@ -275,9 +282,9 @@ class ConsumerGroup:
 
     def _release(self) -> None:
         fl = self.queue._r.flusher
-        if fl is not None:
-            with fl.lock:
-                fl.cursors.pop(id(self), None)
+        if fl is not None and self._registered:
+            fl.remove_cursor(self._c)
+            self._registered = False
         if self._reader is not None:
             self._reader.close()
             self._reader = None

@@ -56,55 +56,62 @@ _from_buffer = ffi.from_buffer
 
 
 class _Flusher:
-    """Background thread for ``"async"``: msyncs the log and async cursors, then publishes.
+    """The ``"async"`` background thread: msyncs the log and the async cursors, publishes.
 
-    It holds no reference to the Queue, so an abandoned queue can still be collected.
+    Its loop is C (``k7_flusher_run``) and never takes the GIL, so it does not slow the
+    writer or the readers down. ``lock`` (a C mutex) serialises it with segment rolls.
     """
 
     def __init__(self, interval: float, name: str) -> None:
-        self.lock = threading.Lock()
-        self.bell: Any = ffi.new("k7_bell *")
-        self.writer: Any = None  # k7_writer* when the log is async
-        self.cursors: dict[int, Any] = {}  # id -> k7_cursor*
-        self.error: int = 0
-        self._interval_ns = int(interval * 1e9)
-        self._stop = False
-        self._name = name
-        self._thread: threading.Thread | None = None
+        f = lib.k7_flusher_new(int(interval * 1e9))
+        if f == ffi.NULL:
+            raise MemoryError("cannot allocate the flusher")
+        self._f: Any = ffi.gc(f, lib.k7_flusher_free)
+        self.bell: Any = lib.k7_flusher_bell(self._f)
+        self.lock = _CLock(self._f)
+        self._thread: threading.Thread | None = threading.Thread(
+            target=lib.k7_flusher_run, args=(self._f,), name=name, daemon=True
+        )
+        self._thread.start()
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            self._thread.start()
+    @property
+    def error(self) -> int:
+        return int(lib.k7_flusher_error(self._f))
 
-    def sync_once(self) -> int:
+    def set_writer(self, w: Any) -> None:
         with self.lock:
-            rc = 0
-            if self.writer is not None:
-                rc = lib.k7_writer_sync(self.writer)
-            for c in self.cursors.values():
-                rc = lib.k7_cursor_sync(c) or rc
-            if rc:
-                self.error = rc
-            return int(rc)
+            lib.k7_flusher_set_writer(self._f, w)
 
-    def _run(self) -> None:
-        bell = self.bell
-        while True:
-            seen = lib.k7_bell_seq(bell)
-            self.sync_once()
-            if self._stop:
-                return
-            if self._interval_ns:
-                lib.k7_sleep_ns(self._interval_ns)
-            lib.k7_bell_wait(bell, seen, 200_000_000)
+    def add_cursor(self, c: Any) -> None:
+        with self.lock:
+            if lib.k7_flusher_add_cursor(self._f, c):
+                raise MemoryError("cannot register the cursor with the flusher")
+
+    def remove_cursor(self, c: Any) -> None:
+        with self.lock:
+            lib.k7_flusher_remove_cursor(self._f, c)
 
     def stop(self) -> None:
-        self._stop = True
-        lib.k7_bell_ring(self.bell)
+        """Final sync, then join the thread. Idempotent."""
         if self._thread is not None:
+            lib.k7_flusher_stop(self._f)
             self._thread.join()
             self._thread = None
+
+
+class _CLock:
+    """Context manager over the flusher's C mutex."""
+
+    __slots__ = ("_f",)
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+
+    def __enter__(self) -> None:
+        lib.k7_flusher_lock(self._f)
+
+    def __exit__(self, *exc: object) -> None:
+        lib.k7_flusher_unlock(self._f)
 
 
 class _Resources:
@@ -266,8 +273,7 @@ class Queue:
         if self.fsync is Fsync.ASYNC:
             fl = self._flusher()
             w.bell = fl.bell
-            with fl.lock:
-                fl.writer = w
+            fl.set_writer(w)
 
     def _cut_tail(self, m: Mapping, base: int, end: int) -> None:
         """Save and zero whatever follows the last valid frame, so it can never reappear."""
@@ -292,7 +298,6 @@ class Queue:
         fl = self._r.flusher
         if fl is None:
             fl = self._r.flusher = _Flusher(self.commit_interval, f"k7-flusher-{self.path.name}")
-            fl.start()
         return fl
 
     # ------------------------------------------------------------------ writing
@@ -506,17 +511,18 @@ class Queue:
             raise ValueError("max_messages must be >= 1")
         reader = Reader(self, max_messages)
         try:
-            n, seg = reader.scan(offset, self._visible_end(), max_messages)
-            if n == 0 or seg is None or seg.map is None:
-                return ColumnarBatch(array.array("q"), array.array("q"), array.array("q"),
-                                     memoryview(b""), reader.next)
+            c = reader.c
+            c.pos = offset
+            n = reader.read(max_messages)
+            if n == 0 or reader.view is None:
+                empty = array.array("q")
+                return ColumnarBatch(empty, empty, empty, memoryview(b""), int(c.pos))
             starts, lens = array.array("q"), array.array("q")
-            starts.frombytes(ffi.buffer(reader.starts, 8 * n))
-            lens.frombytes(ffi.buffer(reader.lens, 8 * n))
-            offsets = array.array("q", (seg.base - FRAME_HEADER + s for s in starts))
-            view = seg.map.view
-            assert view is not None
-            return ColumnarBatch(offsets, starts, lens, view[:], reader.next)
+            starts.frombytes(ffi.buffer(c.starts, 8 * n))
+            lens.frombytes(ffi.buffer(c.lens, 8 * n))
+            base10 = reader.base10
+            offsets = array.array("q", [base10 + s for s in starts])
+            return ColumnarBatch(offsets, starts, lens, reader.view[:], int(c.pos))
         finally:
             reader.close()
 

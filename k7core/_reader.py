@@ -13,135 +13,131 @@ from ._storage import Mapping, map_file
 if TYPE_CHECKING:
     from ._queue import Queue
 
-
-class Segment:
-    """A read-only mapping of one segment file."""
-
-    __slots__ = ("base", "cap", "map")
-
-    def __init__(self, base: int, mapping: Mapping | None) -> None:
-        self.base = base
-        self.map = mapping
-        self.cap = mapping.size if mapping is not None else 0
-
-    def close(self) -> None:
-        if self.map is not None:
-            self.map.close()
-            self.map = None
+SCAN_NOSEG: int = lib.K7_SCAN_NOSEG
 
 
 class Reader:
-    """Scans frames for one consumer (single-threaded); holds one segment mapping at a time.
+    """One consumer's read state (single-threaded): a C ``k7_reader`` plus the mapping of the
+    segment it is in.
 
-    ``scan(pos, end, max_n)`` returns ``(n, segment)`` with the payload positions and lengths
-    in ``self.starts`` / ``self.lens`` (C arrays) and the next global offset in ``self.next``.
+    The fast path is ``lib.k7_read(reader.c, max_n)``: frames of the current segment below
+    the visible end, payload positions and lengths in ``c.starts`` / ``c.lens``, position
+    advanced in ``c.pos``. When it returns 0, :meth:`advance` moves across segment ends,
+    maps segments and raises on corrupt frames.
     """
 
     def __init__(self, queue: Queue, capacity: int = 256) -> None:
         self._queue = queue
-        self._seg: Segment | None = None
+        self._map: Mapping | None = None
+        self.view: memoryview | None = None  # read-only view of the current segment
+        self.base10 = 0  # current segment base minus the frame header: offset = base10 + start
+        c = self.c = ffi.new("k7_reader *")
+        c.pub = queue._pub
+        c.floor_end = queue._floor_end
         self._alloc(capacity)
-        self._next = ffi.new("int64_t *")
-        self._status = ffi.new("int32_t *")
-        self.next = 0
-        self.status = 0
 
     def _alloc(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.starts: Any = ffi.new("int64_t[]", capacity)
-        self.lens: Any = ffi.new("int64_t[]", capacity)
+        self._starts = ffi.new("int64_t[]", capacity)
+        self._lens = ffi.new("int64_t[]", capacity)
+        c = self.c
+        c.starts, c.lens, c.capacity = self._starts, self._lens, capacity
+
+    def ensure_capacity(self, n: int) -> None:
+        if n > self.c.capacity:
+            self._alloc(max(n, 2 * int(self.c.capacity)))
 
     def close(self) -> None:
-        if self._seg is not None:
-            self._seg.close()
-            self._seg = None
+        self.c.seg = ffi.NULL
+        self.view = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
 
-    def _segment_for(self, pos: int) -> Segment:
-        seg = self._seg
-        if seg is not None and seg.base <= pos and (pos - seg.base < seg.cap or seg.cap == 0):
-            if seg.cap == 0:
-                self._reopen(seg.base)  # an empty segment may have been extended since
-                assert self._seg is not None
-                return self._seg
-            return seg
+    def read(self, max_n: int) -> int:
+        """Read up to ``max_n`` frames of one segment from ``c.pos``; 0 when none is visible."""
+        self.ensure_capacity(max_n)
+        return int(lib.k7_read(self.c, max_n)) or self.advance(max_n)
+
+    def advance(self, max_n: int) -> int:
+        """Slow path after ``k7_read`` returned 0: cross segment ends, map, report corruption."""
+        c = self.c
+        for _ in range(64):  # bounded walk over empty and sealed segments
+            pos = int(c.pos)
+            if pos >= c.end or c.status == lib.K7_SCAN_OK:
+                return 0
+            if c.status == SCAN_CORRUPT:
+                raise CorruptFrameError(
+                    f"corrupt frame at offset {pos} in {segment_name(int(c.base))}",
+                    path=self._queue.path / segment_name(int(c.base)),
+                    offset=pos,
+                    hint="seek past it, for example to the next segment's base offset",
+                )
+            if c.status == SCAN_NOSEG:
+                self._map_segment_for(pos)
+            elif c.status == SCAN_EMPTY:
+                self._next_segment(pos)
+            n = int(lib.k7_read(c, max_n))
+            if n:
+                return n
+        return 0
+
+    def _map_segment_for(self, pos: int) -> None:
         bases = self._queue._segment_bases()
         i = bisect.bisect_right(bases, pos) - 1
-        if i < 0 or (pos > bases[i] and i + 1 < len(bases) and bases[i + 1] <= pos):
+        if i < 0 or i + 1 == len(bases) or self._map_size_is_stale(bases[i]):
             bases = self._queue._segment_bases(refresh=True)
             i = bisect.bisect_right(bases, pos) - 1
         if i < 0:
             raise CorruptFrameError(
                 f"offset {pos} is before the first segment of the queue",
-                path=self._queue.path,
-                offset=pos,
-                hint="seek to a later offset",
+                path=self._queue.path, offset=pos, hint="seek to a later offset",
             )
-        self._reopen(bases[i])
-        assert self._seg is not None
-        return self._seg
+        self._map_segment(bases[i])
 
-    def _reopen(self, base: int) -> None:
-        if self._seg is not None:
-            self._seg.close()
-            self._seg = None
-        path = self._queue.path / segment_name(base)
-        self._seg = Segment(base, map_file(path, writable=False))
+    def _map_size_is_stale(self, base: int) -> bool:
+        return self._map is None and int(self.c.base) == base
 
-    def scan(self, pos: int, end: int, max_n: int) -> tuple[int, Segment | None]:
-        """Read up to ``max_n`` valid frames from global ``pos`` below global ``end``."""
-        if max_n > self.capacity:
-            self._alloc(max(max_n, 2 * self.capacity))
-        for _ in range(64):  # bounded walk over empty / sealed segments
-            if pos >= end:
-                self.next, self.status = pos, 0
-                return 0, None
-            seg = self._segment_for(pos)
-            local = pos - seg.base
-            if seg.map is None or local >= seg.cap:
-                pos = self._next_segment(seg, local, pos)
-                continue
-            n = lib.k7_scan(
-                seg.map.ptr, seg.cap, local, end - seg.base, max_n,
-                self.starts, self.lens, self._next, self._status,
-            )
-            self.next = seg.base + self._next[0]
-            self.status = self._status[0]
-            if n:
-                return n, seg
-            if self.status == SCAN_CORRUPT:
-                raise CorruptFrameError(
-                    f"corrupt frame at offset {pos} in {segment_name(seg.base)}",
-                    path=self._queue.path / segment_name(seg.base),
-                    offset=pos,
-                    hint="seek past it, for example to the next segment's base offset",
-                )
-            if self.status == SCAN_EMPTY:
-                pos = self._next_segment(seg, local, pos)
-                continue
-            self.next, self.status = pos, 0
-            return 0, None
-        self.next, self.status = pos, 0
-        return 0, None
-
-    def _next_segment(self, seg: Segment, local: int, pos: int) -> int:
-        """The segment ends at ``local`` and data is visible beyond: move to the next one."""
+    def _next_segment(self, pos: int) -> None:
+        """The current segment has no frame at ``pos`` but data is visible beyond it: the
+        segment was sealed there, so the next segment must start at ``pos``."""
+        cur = int(self.c.base)
         bases = self._queue._segment_bases()
-        if pos not in bases or pos == seg.base:
+        if pos not in bases:
             bases = self._queue._segment_bases(refresh=True)
-        if pos in bases and pos != seg.base:
-            self._reopen(pos)
-            return pos
+        if pos in bases and pos != cur:
+            self._map_segment(pos)
+            return
         later = [b for b in bases if b > pos]
-        if later or seg.cap > 0:
-            raise CorruptFrameError(
-                f"no valid frame at offset {pos} in {segment_name(seg.base)} and no segment "
-                "starts there",
-                path=self._queue.path / segment_name(seg.base),
-                offset=pos,
-                hint=f"seek to {later[0]} (the next segment)" if later else "seek past it",
-            )
-        return pos
+        raise CorruptFrameError(
+            f"no valid frame at offset {pos} in {segment_name(cur)} and no segment starts there",
+            path=self._queue.path / segment_name(cur),
+            offset=pos,
+            hint=f"seek to {later[0]} (the next segment)" if later else "seek past it",
+        )
 
-    def frame_offsets(self, n: int, seg: Segment) -> list[int]:
-        base = seg.base - FRAME_HEADER
-        return [base + s for s in ffi.unpack(self.starts, n)]
+    def _map_segment(self, base: int) -> None:
+        self.close()
+        m = map_file(self._queue.path / segment_name(base), writable=False)
+        c = self.c
+        c.base = base
+        self.base10 = base - FRAME_HEADER
+        if m is None:  # empty file left by a crash during a roll
+            c.cap = 0
+            return
+        self._map = m
+        self.view = m.view
+        c.seg, c.cap = m.ptr, m.size
+
+    def payload_at(self, offset: int) -> memoryview | None:
+        """The payload of the frame at ``offset`` (for redelivery); keeps ``c.pos``."""
+        c = self.c
+        saved = int(c.pos)
+        c.pos = offset
+        try:
+            n = self.read(1)
+            if not n or self.view is None:
+                return None
+            s = int(c.starts[0])
+            return self.view[s : s + int(c.lens[0])]
+        finally:
+            c.pos = saved

@@ -29,6 +29,7 @@ ffibuilder.set_source(
     '#include "k7.h"',
     sources=[str(Path("k7core/_native/k7.c"))],
     include_dirs=[str(Path("k7core/_native"))],
+    libraries=["pthread"],
     extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-fno-strict-aliasing"],
 )
 

@@ -3,6 +3,8 @@
 #include "k7.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <sys/mman.h>
@@ -180,6 +182,22 @@ int64_t k7_gather(const uint8_t *buf, int64_t cap, const int64_t *pos, const int
         dst_offsets[i + 1] = (int32_t)total;
     }
     return total;
+}
+
+int64_t k7_read(k7_reader *r, int64_t max_n) {
+    int64_t end = (int64_t)__atomic_load_n(&r->pub->end, __ATOMIC_ACQUIRE);
+    if (end < r->floor_end) end = r->floor_end;
+    r->end = end;
+    if (max_n > r->capacity) max_n = r->capacity;
+    int64_t pos = r->pos;
+    if (pos >= end || max_n <= 0) { r->status = K7_SCAN_OK; return 0; }
+    if (!r->seg || pos < r->base || pos - r->base >= r->cap) { r->status = K7_SCAN_NOSEG; return 0; }
+    int64_t next;
+    int32_t status;
+    int64_t n = k7_scan(r->seg, r->cap, pos - r->base, end - r->base, max_n, r->starts, r->lens, &next, &status);
+    r->pos = r->base + next;
+    r->status = status;
+    return n;
 }
 
 /* ------------------------------------------------------------------ waiting */
@@ -411,4 +429,87 @@ int k7_cursor_sync(k7_cursor *c) {
     int rc = k7_msync(c->map, 0, 8);
     if (rc) { c->err = rc; __atomic_store_n(&c->dirty, 1, __ATOMIC_SEQ_CST); }
     return rc;
+}
+
+/* ------------------------------------------------------------------ flusher */
+
+struct k7_flusher {
+    k7_bell bell;
+    int32_t stop;
+    int32_t err;
+    int64_t interval_ns;
+    k7_writer *writer;
+    k7_cursor **cursors;
+    int64_t ncursors, capcursors;
+    pthread_mutex_t mu;
+};
+
+k7_flusher *k7_flusher_new(int64_t interval_ns) {
+    k7_flusher *f = calloc(1, sizeof *f);
+    if (!f) return NULL;
+    f->interval_ns = interval_ns;
+    pthread_mutex_init(&f->mu, NULL);
+    return f;
+}
+
+void k7_flusher_free(k7_flusher *f) {
+    if (!f) return;
+    pthread_mutex_destroy(&f->mu);
+    free(f->cursors);
+    free(f);
+}
+
+k7_bell *k7_flusher_bell(k7_flusher *f) { return &f->bell; }
+void k7_flusher_lock(k7_flusher *f) { pthread_mutex_lock(&f->mu); }
+void k7_flusher_unlock(k7_flusher *f) { pthread_mutex_unlock(&f->mu); }
+void k7_flusher_set_writer(k7_flusher *f, k7_writer *w) { f->writer = w; }
+int k7_flusher_error(k7_flusher *f) { return __atomic_load_n(&f->err, __ATOMIC_ACQUIRE); }
+
+int k7_flusher_add_cursor(k7_flusher *f, k7_cursor *c) {
+    if (f->ncursors == f->capcursors) {
+        int64_t cap = f->capcursors ? 2 * f->capcursors : 8;
+        k7_cursor **p = realloc(f->cursors, (size_t)cap * sizeof *p);
+        if (!p) return ENOMEM;
+        f->cursors = p;
+        f->capcursors = cap;
+    }
+    f->cursors[f->ncursors++] = c;
+    return 0;
+}
+
+void k7_flusher_remove_cursor(k7_flusher *f, k7_cursor *c) {
+    for (int64_t i = 0; i < f->ncursors; i++) {
+        if (f->cursors[i] == c) {
+            f->cursors[i] = f->cursors[--f->ncursors];
+            return;
+        }
+    }
+}
+
+int k7_flusher_sync(k7_flusher *f) {
+    int rc = 0;
+    if (f->writer) rc = k7_writer_sync(f->writer);
+    for (int64_t i = 0; i < f->ncursors; i++) {
+        int r = k7_cursor_sync(f->cursors[i]);
+        if (r && !rc) rc = r;
+    }
+    if (rc) __atomic_store_n(&f->err, rc, __ATOMIC_RELEASE);
+    return rc;
+}
+
+void k7_flusher_stop(k7_flusher *f) {
+    __atomic_store_n(&f->stop, 1, __ATOMIC_SEQ_CST);
+    k7_bell_ring(&f->bell);
+}
+
+void k7_flusher_run(k7_flusher *f) {
+    for (;;) {
+        uint32_t seen = k7_bell_seq(&f->bell);
+        pthread_mutex_lock(&f->mu);
+        k7_flusher_sync(f);
+        pthread_mutex_unlock(&f->mu);
+        if (__atomic_load_n(&f->stop, __ATOMIC_SEQ_CST)) return;
+        k7_sleep_ns(f->interval_ns);   /* at most one msync per interval */
+        k7_bell_wait(&f->bell, seen, 200000000LL);
+    }
 }

@@ -22,6 +22,7 @@
 #define K7_SCAN_OK 0       /* stopped at max_n or at the limit */
 #define K7_SCAN_EMPTY 1    /* zero header (or no room for one): end of written data */
 #define K7_SCAN_CORRUPT 2  /* bytes at *next that are not a valid frame */
+#define K7_SCAN_NOSEG 3    /* k7_read: position outside the mapped segment */
 
 /* append return codes (negative) */
 #define K7_NOFIT (-1)      /* frame does not fit in the rest of the segment */
@@ -66,6 +67,25 @@ typedef struct {
     int32_t pad_;
 } k7_cursor;
 
+/* Reader state: one per consumer (process-private). k7_read scans the mapped
+ * segment from pos below the visible end, max(pub->end, floor_end). */
+typedef struct {
+    const uint8_t *seg;  /* mapped segment, NULL when none */
+    int64_t cap;
+    int64_t base;
+    int64_t pos;         /* global offset of the next frame */
+    const k7_pos *pub;
+    int64_t floor_end;
+    int64_t end;         /* out: visible end seen by the last k7_read */
+    int64_t *starts;     /* out: payload positions in the segment */
+    int64_t *lens;       /* out: payload lengths */
+    int64_t capacity;
+    int32_t status;      /* out: K7_SCAN_* */
+    int32_t pad_;
+} k7_reader;
+
+int64_t k7_read(k7_reader *r, int64_t max_n);
+
 uint32_t k7_crc32c(uint32_t crc, const uint8_t *buf, size_t len);
 int k7_crc32c_hardware(void);
 int64_t k7_frame_size(int64_t len);
@@ -103,6 +123,22 @@ int k7_bell_wait(k7_bell *b, uint32_t seen, int64_t timeout_ns);
 int k7_cursor_store(k7_cursor *c, int64_t value);
 int64_t k7_cursor_load(const k7_cursor *c);
 int k7_cursor_sync(k7_cursor *c);   /* msync if dirty; 0 or errno */
+
+/* Background flusher (the "async" strategy): a loop that runs without the GIL,
+ * msyncs the writer and the registered cursors, publishes, and sleeps on its bell. */
+typedef struct k7_flusher k7_flusher;
+k7_flusher *k7_flusher_new(int64_t interval_ns);
+void k7_flusher_free(k7_flusher *f);
+k7_bell *k7_flusher_bell(k7_flusher *f);
+void k7_flusher_run(k7_flusher *f);         /* blocks until k7_flusher_stop */
+void k7_flusher_stop(k7_flusher *f);
+void k7_flusher_lock(k7_flusher *f);
+void k7_flusher_unlock(k7_flusher *f);
+void k7_flusher_set_writer(k7_flusher *f, k7_writer *w);      /* under the lock */
+int k7_flusher_add_cursor(k7_flusher *f, k7_cursor *c);       /* under the lock; 0 or ENOMEM */
+void k7_flusher_remove_cursor(k7_flusher *f, k7_cursor *c);   /* under the lock */
+int k7_flusher_sync(k7_flusher *f);         /* one pass, under the lock; 0 or errno */
+int k7_flusher_error(k7_flusher *f);
 
 int k7_msync(uint8_t *addr, int64_t start, int64_t end);
 void k7_sleep_ns(int64_t ns);

@@ -19,6 +19,7 @@ lib: Any = _lib
 NOFIT: int = lib.K7_NOFIT
 EIO: int = lib.K7_EIO
 BADOFFSETS: int = lib.K7_BADOFFSETS
+TOOLARGE: int = lib.K7_TOOLARGE
 SCAN_OK: int = lib.K7_SCAN_OK
 SCAN_EMPTY: int = lib.K7_SCAN_EMPTY
 SCAN_CORRUPT: int = lib.K7_SCAN_CORRUPT

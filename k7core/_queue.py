@@ -34,11 +34,12 @@ from ._format import (
     parse_fsync,
     segment_name,
 )
-from ._kernel import BADOFFSETS, EIO, NOFIT, ffi, lib
+from ._kernel import BADOFFSETS, EIO, NOFIT, TOOLARGE, ffi, lib
 from ._reader import Reader
 from ._storage import (
     Mapping,
     create_segment,
+    data_regions,
     list_segments,
     lock_is_free,
     map_file,
@@ -267,6 +268,7 @@ class Queue:
         w.pos = w.written = w.synced = end
         w.pub = self._pub
         w.mode = self.fsync.code
+        w.max_frame = self.segment_size
         self._w = w
         lib.k7_pos_reset_waiters(self._pub)
         lib.k7_publish(self._pub, base + end)
@@ -277,7 +279,9 @@ class Queue:
 
     def _cut_tail(self, m: Mapping, base: int, end: int) -> None:
         """Save and zero whatever follows the last valid frame, so it can never reappear."""
-        last = int(lib.k7_last_nonzero(m.ptr, end, m.size))
+        last = end
+        for lo, hi in data_regions(self.path / segment_name(base), end, m.size):
+            last = max(last, int(lib.k7_last_nonzero(m.ptr, max(lo, end), hi)))
         if last <= end:
             return
         assert m.mm is not None
@@ -394,6 +398,8 @@ class Queue:
                 continue
             if rc == BADOFFSETS:
                 raise ValueError("offsets must be non-decreasing and within the data buffer")
+            if rc == TOOLARGE:
+                self._check_size(max(mv[i + 1] - mv[i] for i in range(done, n)))
             if rc == EIO:
                 self._raise_eio()
             self._check_size(mv[done + 1] - mv[done])

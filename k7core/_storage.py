@@ -148,3 +148,30 @@ def map_file(path: Path, *, writable: bool) -> Mapping | None:
         return Mapping(fd, size, writable=writable)
     finally:
         os.close(fd)
+
+
+def data_regions(path: Path, start: int, size: int) -> list[tuple[int, int]]:
+    """Byte ranges of ``path`` in [start, size) that may hold data (SEEK_DATA / SEEK_HOLE).
+
+    Preallocated but never written blocks are holes, so the search for a torn tail does not
+    read a whole empty segment. Where the filesystem cannot tell, the whole range is data.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    regions = []
+    try:
+        pos = start
+        while pos < size:
+            try:
+                data = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:
+                    break
+                return [(start, size)]
+            if data >= size:
+                break
+            hole = min(os.lseek(fd, data, os.SEEK_HOLE), size)
+            regions.append((data, hole))
+            pos = hole
+    finally:
+        os.close(fd)
+    return regions

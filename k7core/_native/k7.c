@@ -353,6 +353,7 @@ int64_t k7_append_columnar(k7_writer *w, const uint8_t *buf, int64_t buf_len, co
     for (i = 0; i < n; i++) {
         int64_t a = offsets[i], b = offsets[i + 1];
         if (a < 0 || b < a || b > buf_len) return K7_BADOFFSETS;
+        if (w->max_frame > 0 && (b - a > K7_MAX_LEN || k7_frame_size(b - a) > w->max_frame)) return K7_TOOLARGE;
     }
     for (i = 0; i < n; i++) {
         int64_t a = offsets[i], b = offsets[i + 1];  /* -3: malformed offsets */
@@ -373,6 +374,7 @@ int64_t k7_append_columnar32(k7_writer *w, const uint8_t *buf, int64_t buf_len, 
     for (i = 0; i < n; i++) {
         int64_t a = offsets[i], b = offsets[i + 1];
         if (a < 0 || b < a || b > buf_len) return K7_BADOFFSETS;
+        if (w->max_frame > 0 && (b - a > K7_MAX_LEN || k7_frame_size(b - a) > w->max_frame)) return K7_TOOLARGE;
     }
     for (i = 0; i < n; i++) {
         int64_t a = offsets[i], b = offsets[i + 1];
@@ -499,7 +501,20 @@ int k7_flusher_sync(k7_flusher *f) {
 
 void k7_flusher_stop(k7_flusher *f) {
     __atomic_store_n(&f->stop, 1, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+    futex_wake((uint32_t *)&f->stop, 1, 1);
+#endif
     k7_bell_ring(&f->bell);
+}
+
+/* Sleep for the commit interval, cut short by k7_flusher_stop. */
+static void interval_sleep(k7_flusher *f) {
+    if (f->interval_ns <= 0) return;
+#ifdef __linux__
+    futex_wait((uint32_t *)&f->stop, 0, f->interval_ns, 1);
+#else
+    k7_sleep_ns(f->interval_ns);
+#endif
 }
 
 void k7_flusher_run(k7_flusher *f) {
@@ -509,7 +524,7 @@ void k7_flusher_run(k7_flusher *f) {
         k7_flusher_sync(f);
         pthread_mutex_unlock(&f->mu);
         if (__atomic_load_n(&f->stop, __ATOMIC_SEQ_CST)) return;
-        k7_sleep_ns(f->interval_ns);   /* at most one msync per interval */
+        interval_sleep(f);   /* at most one msync per interval */
         k7_bell_wait(&f->bell, seen, 200000000LL);
     }
 }

@@ -28,6 +28,7 @@
 #define K7_NOFIT (-1)      /* frame does not fit in the rest of the segment */
 #define K7_EIO (-2)        /* msync failed (now or earlier, sticky); errno in w->err */
 #define K7_BADOFFSETS (-3) /* columnar offsets not monotonic or outside the buffer */
+#define K7_TOOLARGE (-4)   /* a frame larger than w->max_frame: nothing written */
 
 /* Published position (an mmap'd file shared by all processes). */
 typedef struct {
@@ -55,6 +56,7 @@ typedef struct {
     int32_t mode;        /* 0 flush, 1 async, 2 sync */
     int32_t err;         /* errno of the last failed msync */
     int64_t nsyncs;      /* msync calls made */
+    int64_t max_frame;   /* batches: frames larger than this are refused up front (0: no check) */
 } k7_writer;
 
 /* Cursor state: one per consumer group (process-private). */

@@ -405,6 +405,22 @@ def test_nack_redelivers_only_that_message_first(tmp_path):
         assert cg.poll(max_batch=10, timeout=0.02) == []
 
 
+def test_ack_after_nack(tmp_path):
+    """Adapted k7 ``test-nack-redelivers``: a nacked message acked before its redelivery is
+    done. Whatever poll delivers afterwards must be in flight (ackable): a delivery the
+    consumer cannot acknowledge breaks the at-least-once contract."""
+    with Q(qdir(tmp_path), fsync="flush") as q, q.consumer_group("g") as cg:
+        q.enqueue_many([b"a", b"b"])
+        ma, mb = cg.poll(max_batch=2, timeout=0.02)
+        assert cg.nack(mb) is True
+        assert cg.ack(mb) is True  # still un-acked, so in flight: the ack counts
+        assert cg.ack(ma) is True
+        assert cg.committed == 32
+        for m in drain(cg, ack=False):
+            assert cg.ack(m) is True, f"{m!r} was delivered but is not in flight"
+        assert cg.committed == 32
+
+
 def test_nack_not_in_flight_returns_false(tmp_path):
     """``nack`` of an offset not in flight is ignored and returns False (DESIGN §4)."""
     with Q(qdir(tmp_path), fsync="flush") as q, q.consumer_group("g") as cg:
@@ -1076,6 +1092,24 @@ def test_message_too_large(tmp_path):
     assert [b for b, _ in segment_files(d)] == [0]
     with Q(d, fsync="flush", segment_size=SMALL_SEGMENT) as q, q.consumer_group("h") as cg:
         assert [bytes(m.payload) for m in drain(cg)] == [b"a" * 1000, b"b" * 2000, b"ok"]
+
+
+def test_message_too_large_in_batch(tmp_path):
+    """enqueue_many with one message larger than an empty segment raises
+    MessageTooLargeError and leaves the queue unchanged: none of the batch is written (the
+    caller gets no offsets, so a partial write could only be duplicated by a retry)."""
+    d = qdir(tmp_path)
+    with (
+        Q(d, fsync="flush", segment_size=4096) as q,
+        q.consumer_group("g") as cg,
+    ):
+        first = q.enqueue(b"first")
+        before = snapshot(d)
+        with pytest.raises(k7core.MessageTooLargeError):
+            q.enqueue_many([b"ok", b"x" * 5000, b"after"])
+        assert snapshot(d) == before
+        assert q.enqueue(b"next") == first + 16
+        assert [bytes(m.payload) for m in drain(cg)] == [b"first", b"next"]
 
 
 def test_message_that_fits_only_an_empty_segment_rolls(tmp_path):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._errors import CorruptFrameError
 from ._format import FRAME_HEADER, segment_name

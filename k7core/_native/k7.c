@@ -74,7 +74,7 @@ uint32_t k7_crc32c(uint32_t crc, const uint8_t *buf, size_t len) {
     return ~crc_sw(crc, buf, len);
 }
 
-int k7_crc32c_hardware(void) { return crc_hw; }
+int k7_crc32c_hardware(void) { return crc_hw != 0; }
 
 /* ------------------------------------------------------------------ frames */
 
@@ -404,9 +404,16 @@ int k7_writer_sync(k7_writer *w) {
 
 void k7_writer_rollback(k7_writer *w, int64_t pos) {
     if (pos < 0 || pos > w->pos) return;
-    memset(w->seg + pos, 0, (size_t)(w->pos - pos));
+    int64_t old = w->pos;
+    memset(w->seg + pos, 0, (size_t)(old - pos));
     w->pos = pos;
     STORE_REL(&w->written, pos);
+    if (w->synced > pos) {  /* the zeros replace synced frames: make them durable too */
+        int rc = k7_msync(w->seg, pos, old);
+        w->nsyncs++;
+        if (rc) w->err = rc;
+        w->synced = pos;
+    }
 }
 
 /* ------------------------------------------------------------------ cursor */

@@ -5,20 +5,47 @@ from __future__ import annotations
 import bisect
 import os
 import time
+import weakref
 from collections import deque
 from itertools import repeat
 from operator import add, itemgetter
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._errors import ClosedError, GroupBusyError, StorageError
 from ._format import CURSOR_FILE_SIZE, Fsync, check_group_name, cursor_name, parse_fsync
-from ._kernel import SCAN_EMPTY, ffi, lib
+from ._kernel import SCAN_CORRUPT, ffi, lib
 from ._reader import Reader
 from ._storage import Mapping, fsync_dir, open_fd, try_lock
 
 if TYPE_CHECKING:
-    from ._queue import Queue
+    from ._queue import Queue, _Flusher
+
+
+class _GroupResources:
+    """OS resources of a group, released once: by close() or when the group is collected
+    (so a dropped group frees its lock, and the flusher never sees a freed cursor)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.map: Mapping | None = None
+        self.c: Any = None
+        self.flusher: _Flusher | None = None
+        self.reader: Reader | None = None
+
+    def release(self) -> None:
+        if self.flusher is not None:
+            self.flusher.remove_cursor(self.c)
+            self.flusher = None
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class Message(tuple[int, memoryview]):
@@ -52,42 +79,42 @@ class ConsumerGroup:
     ``seek`` repositions and persists the cursor.
     """
 
-    def __init__(self, queue: Queue, name: str, *, cursor_fsync: str | Fsync = Fsync.ASYNC) -> None:
+    def __init__(
+        self, queue: Queue, name: str, *, cursor_fsync: str | Fsync = Fsync.ASYNC
+    ) -> None:
         self._closed = True
         self.name = check_group_name(name)
         self.queue = queue
         self.cursor_fsync = parse_fsync(cursor_fsync, "cursor_fsync")
         self.path = queue.path / cursor_name(name)
-        self._fd = open_fd(self.path, os.O_RDWR | os.O_CREAT)
-        self._map: Mapping | None = None
-        self._reader: Reader | None = None
-        self._registered = False
+        res = self._res = _GroupResources(open_fd(self.path, os.O_RDWR | os.O_CREAT))
+        self._finalizer = weakref.finalize(self, res.release)
         try:
-            if not try_lock(self._fd):
+            if not try_lock(res.fd):
                 raise GroupBusyError(
                     f"consumer group {name!r} of {queue.path} is owned by another consumer",
                     path=self.path, hint="close the other owner first (one owner per group)",
                 )
-            size = os.fstat(self._fd).st_size
-            if size < CURSOR_FILE_SIZE:
-                os.ftruncate(self._fd, CURSOR_FILE_SIZE)
+            if os.fstat(res.fd).st_size < CURSOR_FILE_SIZE:
+                os.ftruncate(res.fd, CURSOR_FILE_SIZE)
                 if self.cursor_fsync is not Fsync.FLUSH:
-                    os.fsync(self._fd)
+                    os.fsync(res.fd)
                     fsync_dir(queue.path)
-            self._map = Mapping(self._fd, CURSOR_FILE_SIZE, writable=True)
-            c = self._c = ffi.new("k7_cursor *")
-            c.map = self._map.ptr
+            res.map = Mapping(res.fd, CURSOR_FILE_SIZE, writable=True)
+            c = self._c = res.c = ffi.new("k7_cursor *")
+            c.map = res.map.ptr
             c.mode = self.cursor_fsync.code
             if self.cursor_fsync is Fsync.ASYNC:
                 fl = queue._flusher()
                 c.bell = fl.bell
                 fl.add_cursor(c)
-                self._registered = True
+                res.flusher = fl
             self._committed: int = int(lib.k7_cursor_load(c))
-            self._reader = Reader(queue)
+            self._reader: Reader | None = Reader(queue)
+            res.reader = self._reader
             self._reader.c.pos = self._committed
         except BaseException:
-            self._release()
+            self._finalizer()
             raise
         self._inflight: set[int] = set()
         self._pending: deque[int] = deque()
@@ -149,7 +176,7 @@ class ConsumerGroup:
             msgs = list(map(_new_message, repeat(Message, n), zip(offsets, payloads, strict=True)))
             self._inflight.update(offsets)
             self._pending.extend(offsets)
-        if n < max_batch and c.status == SCAN_EMPTY and c.pos < c.end:
+        if n < max_batch and c.status != SCAN_CORRUPT and c.pos < c.end:
             msgs += self._read(max_batch - n)  # the batch continues in the next segment
         return msgs
 
@@ -264,36 +291,20 @@ class ConsumerGroup:
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        """Final cursor sync, release the cursor file and its lock. Idempotent."""
+        """Final cursor msync, release the cursor file and its lock. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._inflight.clear()
-        err = 0
-        if self.cursor_fsync is not Fsync.FLUSH:
-            err = lib.k7_msync(self._c.map, 0, 8)
-        self._release()
+        self._reader = None
+        err = lib.k7_msync(self._c.map, 0, 8)  # k7 flushes the cursor on close, always
+        self._finalizer()
         self.queue._groups.discard(self)
         if err:
             raise StorageError(
                 f"final cursor msync of {self.path} failed: {os.strerror(err)}",
                 errno_=err, path=self.path,
             )
-
-    def _release(self) -> None:
-        fl = self.queue._r.flusher
-        if fl is not None and self._registered:
-            fl.remove_cursor(self._c)
-            self._registered = False
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
     def __enter__(self) -> ConsumerGroup:
         return self

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import (
     ClosedError,
+    K7Error,
     MessageTooLargeError,
     NotAQueueError,
     QueueLockedError,
@@ -54,6 +55,19 @@ log = logging.getLogger("k7core")
 
 _append = lib.k7_append
 _from_buffer = ffi.from_buffer
+
+
+def _lock_with_retry(fd: int) -> bool:
+    """Take the writer lock; a readonly opener may hold a shared probe of it for microseconds."""
+    for delay in (0.0, 0.001, 0.005, 0.02):
+        time.sleep(delay)
+        if try_lock(fd):
+            return True
+    return False
+
+
+def k7_msync_range(m: Mapping, start: int, end: int) -> int:
+    return int(lib.k7_msync(m.ptr, start, end))
 
 
 class _Flusher:
@@ -199,9 +213,11 @@ class Queue:
                 ) from exc
             if not self.path.is_dir():
                 raise NotAQueueError(f"{self.path} is not a directory", path=self.path)
+            if self.path.exists() and not self.path.is_dir():
+                raise NotAQueueError(f"{self.path} is not a directory", path=self.path)
             fd = open_fd(self.path / WRITER_LOCK, os.O_RDWR | os.O_CREAT)
             self._r.lock_fd = fd
-            if not try_lock(fd):
+            if not _lock_with_retry(fd):
                 raise QueueLockedError(
                     f"queue {self.path} is locked by another writer", path=self.path,
                     hint="close the other Queue, or open this one with readonly=True",
@@ -249,6 +265,9 @@ class Queue:
             self._bases = [0]
         base = self._bases[-1]
         path = self.path / segment_name(base)
+        size = path.stat().st_size
+        if size % 8:  # cut by hand inside a frame's padding: keep offsets 8-aligned
+            os.truncate(path, size + 8 - size % 8)
         m = map_file(path, writable=True)
         count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
         end = 0 if m is None else int(lib.k7_scan_end(m.ptr, m.size, count, status))
@@ -270,7 +289,9 @@ class Queue:
         w.mode = self.fsync.code
         w.max_frame = self.segment_size
         self._w = w
-        lib.k7_pos_reset_waiters(self._pub)
+        if durable and end and k7_msync_range(m, 0, end):
+            raise StorageError(f"msync of {path} failed at open", path=path)
+        # Frames recovered after a crash are made durable before readers may see them.
         lib.k7_publish(self._pub, base + end)
         if self.fsync is Fsync.ASYNC:
             fl = self._flusher()
@@ -539,8 +560,12 @@ class Queue:
         if self._closed:
             return
         self._closed = True
+        first_error: BaseException | None = None
         for g in list(self._groups):
-            g.close()
+            try:
+                g.close()
+            except K7Error as exc:  # keep closing; report the first failure at the end
+                first_error = first_error or exc
         w, self._w = self._w, None
         err = 0
         fl = self._r.flusher
@@ -551,6 +576,8 @@ class Queue:
             with self._flusher_lock():
                 err = lib.k7_writer_sync(w) or err
         self._finalizer()
+        if first_error is not None:
+            raise first_error
         if err and not self.readonly:
             raise StorageError(
                 f"final msync of {self.path} failed: {os.strerror(err)}", errno_=err,

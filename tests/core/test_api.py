@@ -188,3 +188,24 @@ def test_clean_open_logs_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixtur
             with k7core.Queue(tmp_path / "q", fsync="flush") as q:
                 q.enqueue(b"m")
     assert not caplog.records
+
+
+def test_dropped_group_releases_its_lock_and_cursor(tmp_path: Path) -> None:
+    with k7core.Queue(tmp_path / "q", fsync="async") as q:
+        q.enqueue(b"m")
+        cg = q.consumer_group("g", cursor_fsync="async")
+        (msg,) = cg.poll(timeout=1.0)
+        cg.ack(msg)
+        del cg, msg
+        gc.collect()
+        q.enqueue(b"n")
+        q.sync()  # the flusher runs a pass without the dropped cursor
+        with q.consumer_group("g") as again:  # the lock was released
+            assert [bytes(m.payload) for m in again.poll(timeout=1.0)] == [b"n"]
+
+
+def test_path_that_is_a_file_is_not_a_queue(tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_bytes(b"x")
+    with pytest.raises(k7core.NotAQueueError):
+        k7core.Queue(f)

@@ -204,6 +204,8 @@ class Queue:
                     hint="open it once without readonly=True to create it",
                 )
         else:
+            if self.path.exists() and not self.path.is_dir():
+                raise NotAQueueError(f"{self.path} is not a directory", path=self.path)
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -212,8 +214,6 @@ class Queue:
                     errno_=exc.errno or 0, path=self.path,
                 ) from exc
             if not self.path.is_dir():
-                raise NotAQueueError(f"{self.path} is not a directory", path=self.path)
-            if self.path.exists() and not self.path.is_dir():
                 raise NotAQueueError(f"{self.path} is not a directory", path=self.path)
             fd = open_fd(self.path / WRITER_LOCK, os.O_RDWR | os.O_CREAT)
             self._r.lock_fd = fd

@@ -1,1 +1,1 @@
-"""Benchmarks for k7core: ``python -m benchmarks`` (a first quick probe; the full suite is issue 4)."""
+"""Benchmarks for k7core: ``python -m benchmarks`` (a first quick probe)."""

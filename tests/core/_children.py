@@ -1,0 +1,224 @@
+"""Child-process programs for the crash and multi-process tests (not a test module).
+
+Run as ``python _children.py <mode> <args...>``; the tests import ``payload`` from here so
+parent and child agree on the bytes of message ``i``. Every report line goes out with one
+``os.write`` (one syscall, < PIPE_BUF bytes), so a SIGKILL never leaves half a line behind
+that could be mistaken for a whole one, and nothing sits in a userspace buffer.
+
+Modes:
+
+``write DIR FSYNC SEGMENT_SIZE START COUNT LO HI REPORT BATCH``
+    Print ``opening``, open the queue as its writer, print ``ready <end> <start>`` (``START``
+    may be ``auto``: the number of messages already in the log), then enqueue
+    ``payload(i, LO, HI)`` for ``i`` in ``START .. START+COUNT-1``. With ``REPORT`` = 1 it
+    prints ``<i> <offset>`` after each ``enqueue`` returned. ``BATCH`` > 1 uses
+    ``enqueue_many`` with batches of pseudo-random sizes up to ``BATCH`` (then the report
+    lines follow the call). Closes the queue and prints ``done <end of the last frame>``.
+
+``consume DIR CURSOR_FSYNC GROUP SEED``
+    Open the queue read-only and the group; print ``ready <committed>``; poll batches of
+    pseudo-random size and ack each message in order, printing ``S <offset> <len>`` before
+    ``ack`` is called and ``A <offset>`` after it returned. At the end of the log print
+    ``end`` and block on stdin until the parent closes it (or kills us).
+
+``hold DIR GROUP``
+    Open the queue as writer and the group, print ``ready``, block until stdin closes, close.
+
+``try DIR GROUP``
+    Try to open the queue as writer, then the group on a read-only queue; print one line
+    each: the exception class name, or ``opened``.
+
+``wake DIR FSYNC``
+    Open the queue as writer, print ``ready``. For each line ``i`` read from stdin: wait
+    (bounded) until a reader has registered as a waiter in the position file, enqueue
+    ``payload(i)``, print ``<i> <offset> <saw_waiter 0|1> <time.monotonic() after enqueue>``.
+
+``open-on-wait DIR FSYNC``
+    Print ``ready``; wait (bounded) until a reader waits on the position file, *then* open
+    the queue as writer and enqueue ``payload(0)``; print as ``wake`` does; block until
+    stdin closes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import struct
+import sys
+import time
+
+_FILL = (b"abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ" * 40)[:2200]
+
+
+def payload(i: int, lo: int = 0, hi: int = 200) -> bytes:
+    """Message ``i``: ``m<i:08d>-`` then a filler whose length (``lo..hi``) and content
+    depend on ``i``; so every message identifies itself and any torn or mixed-up byte shows."""
+    n = lo + (i * 7919) % (hi - lo + 1)
+    k = i % 64
+    return b"m%08d-" % i + _FILL[k : k + n]
+
+
+def _out(line: str) -> None:
+    os.write(1, line.encode() + b"\n")
+
+
+def _write(argv: list[str]) -> None:
+    import k7core
+
+    d, fsync, seg, start, count, lo, hi, report, batch = argv
+    seg_i, count_i, lo_i, hi_i = int(seg), int(count), int(lo), int(hi)
+    report_b, batch_i = report == "1", int(batch)
+    _out("opening")
+    q = k7core.Queue(d, fsync=fsync, segment_size=seg_i)
+    start_i = _count_messages(q) if start == "auto" else int(start)
+    _out(f"ready {q.end} {start_i}")
+    stop = start_i + count_i
+    last: tuple[int, int] | None = None  # (offset, index) of the last message written
+    if batch_i <= 1:
+        enqueue = q.enqueue
+        for i in range(start_i, stop):
+            off = enqueue(payload(i, lo_i, hi_i))
+            if report_b:
+                os.write(1, b"%d %d\n" % (i, off))
+            last = (off, i)
+    else:
+        rng = random.Random(start_i)
+        i = start_i
+        while i < stop:
+            n = min(rng.randint(1, batch_i), stop - i)
+            offs = q.enqueue_many([payload(j, lo_i, hi_i) for j in range(i, i + n)])
+            if report_b:
+                os.write(1, b"".join(b"%d %d\n" % (i + k, o) for k, o in enumerate(offs)))
+            i += n
+            last = (offs[-1], i - 1)
+    # The end of the last frame written ("async": q.end may still lag until the final sync).
+    end = q.end if last is None else last[0] + k7core.frame_size(len(payload(last[1], lo_i, hi_i)))
+    q.close()
+    _out(f"done {end}")
+
+
+def _count_messages(q: object) -> int:
+    """How many messages the log holds (each one names its index: check them all)."""
+    off, n = 0, 0
+    while True:
+        batch = q.read_columnar(off)  # type: ignore[attr-defined]
+        if not len(batch):
+            return n
+        for k in range(len(batch)):
+            assert bytes(batch.payload(k)[:10]) == b"m%08d-" % n, (n, bytes(batch.payload(k)))
+            n += 1
+        off = batch.next
+
+
+def _consume(argv: list[str]) -> None:
+    import k7core
+
+    d, cursor_fsync, group, seed = argv
+    rng = random.Random(int(seed))
+    q = k7core.Queue(d, readonly=True)
+    g = q.consumer_group(group, cursor_fsync=cursor_fsync)
+    _out(f"ready {g.committed}")
+    while True:
+        msgs = g.poll(max_batch=rng.randint(1, 32), timeout=0)
+        if not msgs:
+            break
+        for m in msgs:
+            os.write(1, b"S %d %d\n" % (m.offset, len(m.payload)))
+            if not g.ack(m):
+                _out(f"NOT-IN-FLIGHT {m.offset}")
+            os.write(1, b"A %d\n" % m.offset)
+    _out("end")
+    sys.stdin.read()
+    g.close()
+    q.close()
+
+
+def _hold(argv: list[str]) -> None:
+    import k7core
+
+    d, group = argv
+    q = k7core.Queue(d, fsync="flush", segment_size=1 << 20)
+    g = q.consumer_group(group)
+    _out("ready")
+    sys.stdin.read()
+    g.close()
+    q.close()
+
+
+def _try(argv: list[str]) -> None:
+    import k7core
+
+    d, group = argv
+    try:
+        k7core.Queue(d, fsync="flush", segment_size=1 << 20).close()
+        _out("opened")
+    except k7core.K7Error as exc:
+        _out(type(exc).__name__)
+    with k7core.Queue(d, readonly=True) as q:
+        try:
+            q.consumer_group(group).close()
+            _out("opened")
+        except k7core.K7Error as exc:
+            _out(type(exc).__name__)
+
+
+def _wake(argv: list[str]) -> None:
+    import k7core
+
+    d, fsync = argv
+    q = k7core.Queue(d, fsync=fsync, segment_size=1 << 20)
+    # The position file is k7_pos (k7.h): u64 end, u32 seq, u32 waiters (native order).
+    fd = os.open(os.path.join(d, "k7py-position"), os.O_RDONLY)
+    pos = mmap.mmap(fd, 16, mmap.MAP_SHARED, mmap.PROT_READ)
+    os.close(fd)
+    _out("ready")
+    for line in sys.stdin:
+        i = int(line)
+        deadline = time.monotonic() + 5.0
+        saw = 0
+        while time.monotonic() < deadline:  # condition polling, bounded: not a sync sleep
+            if struct.unpack_from("=I", pos, 12)[0] > 0:
+                saw = 1
+                break
+            time.sleep(0.0005)
+        off = q.enqueue(payload(i))
+        _out(f"{i} {off} {saw} {time.monotonic():.9f}")
+    pos.close()
+    q.close()
+
+
+def _open_on_wait(argv: list[str]) -> None:
+    import k7core
+
+    d, fsync = argv
+    fd = os.open(os.path.join(d, "k7py-position"), os.O_RDONLY)
+    pos = mmap.mmap(fd, 16, mmap.MAP_SHARED, mmap.PROT_READ)
+    os.close(fd)
+    _out("ready")
+    deadline = time.monotonic() + 5.0
+    saw = 0
+    while time.monotonic() < deadline:  # condition polling, bounded: not a sync sleep
+        if struct.unpack_from("=I", pos, 12)[0] > 0:
+            saw = 1
+            break
+        time.sleep(0.0005)
+    q = k7core.Queue(d, fsync=fsync, segment_size=1 << 20)
+    off = q.enqueue(payload(0))
+    _out(f"0 {off} {saw} {time.monotonic():.9f}")
+    sys.stdin.read()
+    pos.close()
+    q.close()
+
+
+MODES = {
+    "write": _write,
+    "consume": _consume,
+    "hold": _hold,
+    "try": _try,
+    "wake": _wake,
+    "open-on-wait": _open_on_wait,
+}
+
+if __name__ == "__main__":
+    MODES[sys.argv[1]](sys.argv[2:])

@@ -347,47 +347,34 @@ int64_t k7_append_many(k7_writer *w, uint8_t **datas, const int64_t *lens, int64
     return rc ? rc : i;
 }
 
-int64_t k7_append_columnar(k7_writer *w, const uint8_t *buf, int64_t buf_len, const int64_t *offsets, int64_t n, int64_t *out_offsets) {
-    if (w->err) return K7_EIO;
-    int64_t start = w->pos, pos = start, i = 0;
-    for (i = 0; i < n; i++) {
-        int64_t a = offsets[i], b = offsets[i + 1];
-        if (a < 0 || b < a || b > buf_len) return K7_BADOFFSETS;
-        if (w->max_frame > 0 && (b - a > K7_MAX_LEN || k7_frame_size(b - a) > w->max_frame)) return K7_TOOLARGE;
+/* Columnar batches: message i is buf[offsets[i] .. offsets[i+1]) (an Arrow binary column,
+ * int32 or int64 offsets). All offsets are validated before anything is written. */
+#define K7_APPEND_COLUMNAR(NAME, OFF_T)                                                       \
+    int64_t NAME(k7_writer *w, const uint8_t *buf, int64_t buf_len, const OFF_T *offsets,     \
+                 int64_t n, int64_t *out_offsets) {                                          \
+        if (w->err) return K7_EIO;                                                            \
+        int64_t start = w->pos, pos = start, i;                                               \
+        for (i = 0; i < n; i++) {                                                             \
+            int64_t a = offsets[i], b = offsets[i + 1];                                       \
+            if (a < 0 || b < a || b > buf_len) return K7_BADOFFSETS;                          \
+            if (w->max_frame > 0 && (b - a > K7_MAX_LEN || k7_frame_size(b - a) > w->max_frame)) \
+                return K7_TOOLARGE;                                                           \
+        }                                                                                     \
+        for (i = 0; i < n; i++) {                                                             \
+            int64_t a = offsets[i], b = offsets[i + 1];                                       \
+            int64_t next = put_frame(w->seg, w->cap, pos, buf + a, b - a);                    \
+            if (next < 0) break;                                                              \
+            out_offsets[i] = w->base + pos;                                                   \
+            pos = next;                                                                       \
+        }                                                                                     \
+        if (i == 0) return 0;                                                                 \
+        w->pos = pos;                                                                         \
+        int64_t rc = finish(w, start);                                                        \
+        return rc ? rc : i;                                                                   \
     }
-    for (i = 0; i < n; i++) {
-        int64_t a = offsets[i], b = offsets[i + 1];  /* -3: malformed offsets */
-        int64_t next = put_frame(w->seg, w->cap, pos, buf + a, b - a);
-        if (next < 0) break;
-        out_offsets[i] = w->base + pos;
-        pos = next;
-    }
-    if (i == 0) return 0;
-    w->pos = pos;
-    int64_t rc = finish(w, start);
-    return rc ? rc : i;
-}
 
-int64_t k7_append_columnar32(k7_writer *w, const uint8_t *buf, int64_t buf_len, const int32_t *offsets, int64_t n, int64_t *out_offsets) {
-    if (w->err) return K7_EIO;
-    int64_t start = w->pos, pos = start, i = 0;
-    for (i = 0; i < n; i++) {
-        int64_t a = offsets[i], b = offsets[i + 1];
-        if (a < 0 || b < a || b > buf_len) return K7_BADOFFSETS;
-        if (w->max_frame > 0 && (b - a > K7_MAX_LEN || k7_frame_size(b - a) > w->max_frame)) return K7_TOOLARGE;
-    }
-    for (i = 0; i < n; i++) {
-        int64_t a = offsets[i], b = offsets[i + 1];
-        int64_t next = put_frame(w->seg, w->cap, pos, buf + a, b - a);
-        if (next < 0) break;
-        out_offsets[i] = w->base + pos;
-        pos = next;
-    }
-    if (i == 0) return 0;
-    w->pos = pos;
-    int64_t rc = finish(w, start);
-    return rc ? rc : i;
-}
+K7_APPEND_COLUMNAR(k7_append_columnar, int64_t)
+K7_APPEND_COLUMNAR(k7_append_columnar32, int32_t)
 
 int k7_writer_sync(k7_writer *w) {
     int64_t end = LOAD_ACQ(&w->written);

@@ -8,7 +8,6 @@
 """
 
 from ._errors import ClosedError as ClosedError
-from ._errors import ConcurrentUseError as ConcurrentUseError
 from ._errors import CorruptFrameError as CorruptFrameError
 from ._errors import GroupBusyError as GroupBusyError
 from ._errors import InvalidNameError as InvalidNameError
@@ -32,7 +31,6 @@ __version__ = "0.1.0"
 __all__ = [
     "ClosedError",
     "ColumnarBatch",
-    "ConcurrentUseError",
     "ConsumerGroup",
     "CorruptFrameError",
     "Fsync",

@@ -81,6 +81,3 @@ class StorageError(K7Error, OSError):
         self.strerror = os.strerror(errno_) if errno_ else message
         self.filename = self.path
 
-
-class ConcurrentUseError(K7Error, RuntimeError):
-    """An object documented as single-threaded was used from two threads at once."""

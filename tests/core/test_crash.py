@@ -19,35 +19,20 @@ Parents synchronise on pipe reads only; children are always killed and reaped in
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import signal
 import struct
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from _childproc import Child, frame_size, payload
 
 import k7core
 
-_HERE = Path(__file__).resolve().parent
-CHILD = str(_HERE / "_children.py")
-_spec = importlib.util.spec_from_file_location("k7_test_children", CHILD)
-assert _spec is not None and _spec.loader is not None
-_children = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_children)
-payload = _children.payload
-
 STRATEGIES = ("flush", "async", "sync")
 SEED = int(os.environ.get("K7_CRASH_SEED", "7"))
-
-
-def frame_size(n: int) -> int:
-    return (10 + n + 7) & ~7
 
 
 def rng_for(name: str) -> random.Random:
@@ -57,57 +42,6 @@ def rng_for(name: str) -> random.Random:
 def read_cursor(directory: Path, group: str) -> int:
     with open(directory / f"cursor-{group}.k7", "rb") as f:
         return int(struct.unpack(">q", f.read(8))[0])
-
-
-class Child:
-    """A child process whose stdout is read line by line; SIGKILLed and reaped on exit."""
-
-    def __init__(self, *args: str) -> None:
-        self.err = tempfile.TemporaryFile()  # noqa: SIM115 (closed in __exit__)
-        self.proc = subprocess.Popen(
-            [sys.executable, CHILD, *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.err,
-        )
-        assert self.proc.stdout is not None
-        self.out = self.proc.stdout
-
-    def stderr(self) -> str:
-        self.err.seek(0)
-        return self.err.read().decode(errors="replace")
-
-    def line(self) -> bytes:
-        """The next complete line (without newline); fails with the child's stderr at EOF."""
-        line = self.out.readline()
-        if not line.endswith(b"\n"):
-            rc = self.proc.poll()
-            raise AssertionError(
-                f"child ended its output early (rc={rc}, last={line!r}); stderr:\n{self.stderr()}"
-            )
-        return line[:-1]
-
-    def kill_and_drain(self) -> list[bytes]:
-        """SIGKILL the child, then return every complete line it wrote before dying."""
-        self.proc.send_signal(signal.SIGKILL)
-        rest = self.out.read()
-        self.proc.wait()
-        lines = rest.split(b"\n")
-        return lines[:-1]  # the last piece is b"" (or an incomplete line: never reported)
-
-    def __enter__(self) -> Child:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-        finally:
-            for f in (self.proc.stdin, self.proc.stdout):
-                if f is not None:
-                    f.close()
-            self.err.close()
 
 
 # --------------------------------------------------------------------------------------

@@ -8,26 +8,15 @@ Children run with ``sys.executable`` and are killed and reaped in ``finally`` bl
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import struct
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from _childproc import Child, frame_size, payload
 
 import k7core
-
-_HERE = Path(__file__).resolve().parent
-CHILD = str(_HERE / "_children.py")
-_spec = importlib.util.spec_from_file_location("k7_test_children", CHILD)
-assert _spec is not None and _spec.loader is not None
-_children = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_children)
-payload = _children.payload
 
 
 def waiters(qdir: Path) -> int:
@@ -35,59 +24,6 @@ def waiters(qdir: Path) -> int:
     u32 waiters, native order, in k7py-position)."""
     with open(qdir / "k7py-position", "rb") as f:
         return int(struct.unpack_from("=I", f.read(16), 12)[0])
-
-
-def frame_size(n: int) -> int:
-    return (10 + n + 7) & ~7
-
-
-class Child:
-    """A child process speaking lines on stdin/stdout; SIGKILLed and reaped on exit."""
-
-    def __init__(self, *args: str) -> None:
-        self.err = tempfile.TemporaryFile()  # noqa: SIM115 (closed in __exit__)
-        self.proc = subprocess.Popen(
-            [sys.executable, CHILD, *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.err,
-        )
-        assert self.proc.stdout is not None and self.proc.stdin is not None
-        self.out = self.proc.stdout
-        self.inp = self.proc.stdin
-
-    def stderr(self) -> str:
-        self.err.seek(0)
-        return self.err.read().decode(errors="replace")
-
-    def line(self) -> bytes:
-        line = self.out.readline()
-        if not line.endswith(b"\n"):
-            rc = self.proc.poll()
-            raise AssertionError(
-                f"child ended its output early (rc={rc}, last={line!r}); stderr:\n{self.stderr()}"
-            )
-        return line[:-1]
-
-    def send(self, text: str) -> None:
-        self.inp.write(text.encode() + b"\n")
-        self.inp.flush()
-
-    def wait(self, timeout: float = 30.0) -> int:
-        return self.proc.wait(timeout=timeout)
-
-    def __enter__(self) -> Child:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-        finally:
-            for f in (self.inp, self.out):
-                f.close()
-            self.err.close()
 
 
 # --------------------------------------------------------------------------------------

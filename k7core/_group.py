@@ -6,7 +6,6 @@ import bisect
 import os
 import time
 import weakref
-from collections import deque
 from itertools import repeat
 from operator import add, itemgetter
 from types import TracebackType
@@ -67,6 +66,8 @@ class Message(tuple[int, memoryview]):
 
 _new_message = tuple.__new__
 _k7_read = lib.k7_read
+_k7_track = lib.k7_track
+_k7_ack = lib.k7_ack
 _unpack = ffi.unpack
 
 
@@ -102,6 +103,7 @@ class ConsumerGroup:
                     fsync_dir(queue.path)
             res.map = Mapping(res.fd, CURSOR_FILE_SIZE, writable=True)
             c = self._c = res.c = ffi.new("k7_cursor *")
+            self._dummy = ffi.new("uint8_t[8]")
             c.map = res.map.ptr
             c.mode = self.cursor_fsync.code
             if self.cursor_fsync is Fsync.ASYNC:
@@ -109,16 +111,19 @@ class ConsumerGroup:
                 c.bell = fl.bell
                 fl.add_cursor(c)
                 res.flusher = fl
-            self._committed: int = int(lib.k7_cursor_load(c))
+            committed = int(lib.k7_cursor_load(c))
             self._reader: Reader | None = Reader(queue)
             res.reader = self._reader
-            self._reader.c.pos = self._committed
+            self._reader.c.pos = committed
+            f = lib.k7_inflight_new(self._reader.c, c, committed)
+            if f == ffi.NULL:
+                raise MemoryError("cannot allocate the in-flight table")
+            self._f: Any = ffi.gc(f, lib.k7_inflight_free)
+            self._rc = self._reader.c  # the C structs outlive close(): k7_inflight points at them
         except BaseException:
             self._finalizer()
             raise
-        self._inflight: set[int] = set()
-        self._pending: deque[int] = deque()
-        self._redeliver: list[int] = []
+        self._redeliver: list[int] = []  # nacked offsets, ascending; still in flight
         self._closed = False
         queue._groups.add(self)
 
@@ -162,20 +167,17 @@ class ConsumerGroup:
             return []
         view, base10 = rd.view, rd.base10
         assert view is not None
+        if _k7_track(self._f, n):
+            raise MemoryError("cannot grow the in-flight table")
         if n == 1:
             s = c.starts[0]
-            off = base10 + s
-            self._inflight.add(off)
-            self._pending.append(off)
-            msgs = [_new_message(Message, (off, view[s : s + c.lens[0]]))]
+            msgs = [_new_message(Message, (base10 + s, view[s : s + c.lens[0]]))]
         else:
             starts = _unpack(c.starts, n)
             offsets = list(map(add, starts, repeat(base10, n)))
             ends = map(add, starts, _unpack(c.lens, n))
             payloads = map(view.__getitem__, map(slice, starts, ends))
             msgs = list(map(_new_message, repeat(Message, n), zip(offsets, payloads, strict=True)))
-            self._inflight.update(offsets)
-            self._pending.extend(offsets)
         if n < max_batch and c.status != SCAN_CORRUPT and c.pos < c.end:
             msgs += self._read(max_batch - n)  # the batch continues in the next segment
         return msgs
@@ -196,21 +198,16 @@ class ConsumerGroup:
     def ack(self, msg: Message | int) -> bool:
         """Mark a delivered message done; False if it was not in flight (already acked...)."""
         off = msg if type(msg) is int else msg[0]  # type: ignore[index]
-        inflight = self._inflight
-        if off not in inflight:
-            if self._closed:
-                self._raise_closed()
-            return False
-        inflight.discard(off)
-        if self._redeliver and off in self._redeliver:
-            self._redeliver.remove(off)
-        pending = self._pending
-        if pending[0] == off:
-            pending.popleft()
-            while pending and pending[0] not in inflight:
-                pending.popleft()
-            self._store(pending[0] if pending else self._reader.c.pos)  # type: ignore[union-attr]
-        return True
+        rc: int = _k7_ack(self._f, off)
+        if rc == 1:
+            if self._redeliver and off in self._redeliver:
+                self._redeliver.remove(off)
+            return True
+        if self._closed:
+            self._raise_closed()
+        if rc < 0:
+            self._raise_store(-rc)
+        return False
 
     def ack_many(self, msgs: list[Message] | list[int]) -> int:
         """Ack several messages; returns how many were in flight."""
@@ -219,7 +216,7 @@ class ConsumerGroup:
     def nack(self, msg: Message | int) -> bool:
         """Redeliver this message (first) on a later poll, without the messages after it."""
         off = msg if type(msg) is int else msg[0]  # type: ignore[index]
-        if off not in self._inflight:
+        if not lib.k7_inflight_has(self._f, off):
             if self._closed:
                 self._raise_closed()
             return False
@@ -237,30 +234,23 @@ class ConsumerGroup:
             self._raise_closed()
         if not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be a non-negative int, not {offset!r}")
-        self._inflight.clear()
-        self._pending.clear()
         self._redeliver.clear()
-        assert self._reader is not None
-        self._reader.c.pos = offset
-        self._store(offset)
+        rc = lib.k7_reset(self._f, offset)
+        if rc:
+            self._raise_store(rc)
 
-    def _store(self, value: int) -> None:
-        if value == self._committed:
-            return
-        if lib.k7_cursor_store(self._c, value):
-            err = int(self._c.err)
-            raise StorageError(
-                f"cursor msync of {self.path} failed: {os.strerror(err)}", errno_=err,
-                path=self.path, hint="the acknowledgement is not durable",
-            )
-        self._committed = value
+    def _raise_store(self, err: int) -> None:
+        raise StorageError(
+            f"cursor msync of {self.path} failed: {os.strerror(err)}", errno_=err,
+            path=self.path, hint="the acknowledgement is not durable",
+        )
 
     # ------------------------------------------------------------------ state
 
     @property
     def committed(self) -> int:
         """The committed offset (next to deliver after a restart), as stored in the cursor."""
-        return self._committed
+        return int(lib.k7_committed(self._f))
 
     @property
     def position(self) -> int:
@@ -274,12 +264,12 @@ class ConsumerGroup:
         """Bytes of log between the committed cursor and the visible end."""
         if self._closed:
             self._raise_closed()
-        return max(0, self.queue._visible_end() - self._committed)
+        return max(0, self.queue._visible_end() - int(lib.k7_committed(self._f)))
 
     @property
     def in_flight(self) -> int:
         """How many delivered messages are not yet acked."""
-        return len(self._inflight)
+        return int(lib.k7_inflight_count(self._f))
 
     @property
     def closed(self) -> bool:
@@ -295,10 +285,13 @@ class ConsumerGroup:
         if self._closed:
             return
         self._closed = True
-        self._inflight.clear()
         self._reader = None
         err = lib.k7_msync(self._c.map, 0, 8)  # k7 flushes the cursor on close, always
         self._finalizer()
+        # The cursor file is unmapped: point the C cursor at private memory and forget what
+        # was in flight, so a late ack/seek/nack touches nothing and reports ClosedError.
+        self._c.map, self._c.mode = self._dummy, 0
+        lib.k7_reset(self._f, lib.k7_committed(self._f))
         self.queue._groups.discard(self)
         if err:
             raise StorageError(
@@ -318,5 +311,5 @@ class ConsumerGroup:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"committed={self._committed}"
+        state = "closed" if self._closed else f"committed={self.committed}"
         return f"<k7core.ConsumerGroup {self.name!r} {state}>"

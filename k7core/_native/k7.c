@@ -522,3 +522,104 @@ void k7_flusher_run(k7_flusher *f) {
         k7_bell_wait(&f->bell, seen, 200000000LL);
     }
 }
+
+/* ------------------------------------------------------------------ in-flight */
+
+struct k7_inflight {
+    int64_t *offs;       /* [head, tail): delivered, ascending */
+    uint8_t *acked;
+    int64_t head, tail, cap, count;
+    k7_reader *reader;
+    k7_cursor *cursor;
+    int64_t committed;
+};
+
+k7_inflight *k7_inflight_new(k7_reader *r, k7_cursor *c, int64_t committed) {
+    k7_inflight *f = calloc(1, sizeof *f);
+    if (!f) return NULL;
+    f->reader = r;
+    f->cursor = c;
+    f->committed = committed;
+    return f;
+}
+
+void k7_inflight_free(k7_inflight *f) {
+    if (!f) return;
+    free(f->offs);
+    free(f->acked);
+    free(f);
+}
+
+static int reserve(k7_inflight *f, int64_t n) {
+    if (f->head > 0 && (f->tail + n > f->cap || f->head > f->cap / 2)) {
+        int64_t live = f->tail - f->head;
+        memmove(f->offs, f->offs + f->head, (size_t)live * sizeof *f->offs);
+        memmove(f->acked, f->acked + f->head, (size_t)live);
+        f->head = 0;
+        f->tail = live;
+    }
+    if (f->tail + n <= f->cap) return 0;
+    int64_t cap = f->cap ? f->cap : 256;
+    while (cap < f->tail + n) cap *= 2;
+    int64_t *o = realloc(f->offs, (size_t)cap * sizeof *o);
+    if (!o) return ENOMEM;
+    f->offs = o;
+    uint8_t *a = realloc(f->acked, (size_t)cap);
+    if (!a) return ENOMEM;
+    f->acked = a;
+    f->cap = cap;
+    return 0;
+}
+
+int k7_track(k7_inflight *f, int64_t n) {
+    if (n <= 0) return 0;
+    if (reserve(f, n)) return ENOMEM;
+    const k7_reader *r = f->reader;
+    int64_t base = r->base - K7_HEADER;
+    for (int64_t i = 0; i < n; i++) {
+        f->offs[f->tail + i] = base + r->starts[i];
+        f->acked[f->tail + i] = 0;
+    }
+    f->tail += n;
+    f->count += n;
+    return 0;
+}
+
+static int64_t find(const k7_inflight *f, int64_t off) {
+    int64_t lo = f->head, hi = f->tail;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (f->offs[mid] < off) lo = mid + 1; else hi = mid;
+    }
+    return (lo < f->tail && f->offs[lo] == off && !f->acked[lo]) ? lo : -1;
+}
+
+static int store(k7_inflight *f, int64_t value) {
+    if (value == f->committed) return 0;
+    int rc = k7_cursor_store(f->cursor, value);
+    if (rc) return -rc;
+    f->committed = value;
+    return 0;
+}
+
+int k7_ack(k7_inflight *f, int64_t off) {
+    int64_t i = find(f, off);
+    if (i < 0) return 0;
+    f->acked[i] = 1;
+    f->count--;
+    if (i != f->head) return 1;
+    while (f->head < f->tail && f->acked[f->head]) f->head++;
+    int rc = store(f, f->head < f->tail ? f->offs[f->head] : f->reader->pos);
+    return rc ? rc : 1;
+}
+
+int k7_inflight_has(k7_inflight *f, int64_t off) { return find(f, off) >= 0; }
+int64_t k7_inflight_count(k7_inflight *f) { return f->count; }
+int64_t k7_committed(k7_inflight *f) { return f->committed; }
+
+int k7_reset(k7_inflight *f, int64_t pos) {
+    f->head = f->tail = f->count = 0;
+    f->reader->pos = pos;
+    int rc = store(f, pos);
+    return rc ? -rc : 0;
+}

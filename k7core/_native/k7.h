@@ -88,6 +88,20 @@ typedef struct {
 
 int64_t k7_read(k7_reader *r, int64_t max_n);
 
+/* In-flight tracking of a consumer group: delivered offsets in delivery order (ascending),
+ * acked flags, and the committed cursor. k7_track registers the frames of the last k7_read;
+ * k7_ack marks one acked and stores the contiguous frontier (lowest unacked offset, else the
+ * read position) in the cursor when it moved. */
+typedef struct k7_inflight k7_inflight;
+k7_inflight *k7_inflight_new(k7_reader *r, k7_cursor *c, int64_t committed);
+void k7_inflight_free(k7_inflight *f);
+int k7_track(k7_inflight *f, int64_t n);          /* 0 or ENOMEM */
+int k7_ack(k7_inflight *f, int64_t off);           /* 1 acked, 0 not in flight, -errno */
+int k7_inflight_has(k7_inflight *f, int64_t off);
+int64_t k7_inflight_count(k7_inflight *f);
+int64_t k7_committed(k7_inflight *f);
+int k7_reset(k7_inflight *f, int64_t pos);         /* seek: forget, store pos; 0 or errno */
+
 uint32_t k7_crc32c(uint32_t crc, const uint8_t *buf, size_t len);
 int k7_crc32c_hardware(void);
 int64_t k7_frame_size(int64_t len);

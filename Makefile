@@ -14,7 +14,7 @@ test: venv
 
 lint:
 	$(PY) -m mypy
-	$(PY) -m ruff check k7core tests examples benchmarks
+	$(PY) -m ruff check k7core k7async tests examples benchmarks
 
 kernel:
 	$(PY) setup.py -q build_ext --inplace

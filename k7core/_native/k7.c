@@ -613,6 +613,21 @@ int k7_ack(k7_inflight *f, int64_t off) {
     return rc ? rc : 1;
 }
 
+int64_t k7_ack_many(k7_inflight *f, const int64_t *offs, int64_t n) {
+    int64_t acked = 0;
+    for (int64_t k = 0; k < n; k++) {
+        int64_t i = find(f, offs[k]);
+        if (i < 0) continue;
+        f->acked[i] = 1;
+        f->count--;
+        acked++;
+    }
+    if (!acked) return 0;
+    while (f->head < f->tail && f->acked[f->head]) f->head++;
+    int rc = store(f, f->head < f->tail ? f->offs[f->head] : f->reader->pos);
+    return rc ? rc : acked;
+}
+
 int k7_inflight_has(k7_inflight *f, int64_t off) { return find(f, off) >= 0; }
 int64_t k7_inflight_count(k7_inflight *f) { return f->count; }
 int64_t k7_committed(k7_inflight *f) { return f->committed; }

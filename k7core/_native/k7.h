@@ -97,6 +97,7 @@ k7_inflight *k7_inflight_new(k7_reader *r, k7_cursor *c, int64_t committed);
 void k7_inflight_free(k7_inflight *f);
 int k7_track(k7_inflight *f, int64_t n);          /* 0 or ENOMEM */
 int k7_ack(k7_inflight *f, int64_t off);           /* 1 acked, 0 not in flight, -errno */
+int64_t k7_ack_many(k7_inflight *f, const int64_t *offs, int64_t n); /* count acked, or -errno; one store */
 int k7_inflight_has(k7_inflight *f, int64_t off);
 int64_t k7_inflight_count(k7_inflight *f);
 int64_t k7_committed(k7_inflight *f);

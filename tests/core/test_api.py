@@ -209,3 +209,18 @@ def test_path_that_is_a_file_is_not_a_queue(tmp_path: Path) -> None:
     f.write_bytes(b"x")
     with pytest.raises(k7core.NotAQueueError):
         k7core.Queue(f)
+
+
+def test_ack_many_commits_the_frontier_once(tmp_path: Path) -> None:
+    with k7core.Queue(tmp_path / "q", fsync="flush") as q, q.consumer_group("g") as cg:
+        offs = q.enqueue_many([b"a", b"b", b"c", b"d"])
+        msgs = cg.poll(max_batch=4, timeout=0)
+        assert cg.ack_many([msgs[2], msgs[1]]) == 2
+        assert cg.committed == 0 and cg.in_flight == 2  # msgs[0] still holds the frontier
+        assert cg.nack(msgs[3])
+        assert cg.ack_many([offs[0], offs[0], 12345]) == 1  # duplicates and strangers ignored
+        assert cg.committed == offs[3]
+        assert cg.ack_many([msgs[3]]) == 1  # acked before its redelivery: not redelivered
+        assert cg.committed == q.end and cg.in_flight == 0
+        assert cg.poll(max_batch=4, timeout=0) == []
+        assert cg.ack_many([]) == 0

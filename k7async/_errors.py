@@ -1,0 +1,9 @@
+"""Errors k7async adds to the k7core tree."""
+
+from __future__ import annotations
+
+from k7core import K7Error
+
+
+class SinkBusyError(K7Error):
+    """A second :func:`k7async.sink` was started on a queue that already has one running."""

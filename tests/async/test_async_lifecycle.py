@@ -1,0 +1,56 @@
+"""Threads come and go with the contexts; the public surface is what it says."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import anyio
+import pytest
+from _asynchelp import k7async_threads, read_all
+
+import k7async
+import k7core
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_no_thread_leak(tmp_path: Path) -> None:
+    before = set(threading.enumerate())
+    with anyio.fail_after(20):
+        for fsync in ("async", "flush", "sync"):
+            async with k7async.open_queue(tmp_path / fsync, fsync=fsync) as q:
+                await q.enqueue(b"a")
+                async with q.producer_channel() as send:
+                    await send.send(b"b")
+                send2, receive2 = anyio.create_memory_object_stream[bytes](4)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(k7async.sink, q, receive2)
+                    await send2.send(b"c")
+                    await send2.aclose()
+                receive2.close()
+                async with q.consumer_group_channel("g", auto_ack=False) as stream:
+                    for _ in range(3):
+                        await stream.ack(await stream.receive())
+                with pytest.raises(k7core.GroupBusyError):  # a failed open leaves no thread
+                    async with q.consumer_group_channel("g"), q.consumer_group_channel("g"):
+                        pass
+                with pytest.raises(TypeError):  # nor does a failed writer
+                    await q.enqueue("x")  # type: ignore[arg-type]
+                with anyio.CancelScope() as scope:  # nor a cancelled consumer
+                    async with q.consumer_group_channel("h") as stream:
+                        scope.cancel()
+                        await anyio.sleep_forever()
+                q.queue.sync()
+                assert read_all(q.queue) == [b"a", b"b", b"c"]
+    after = set(threading.enumerate())
+    assert after - before == set()
+    assert k7async_threads() == []
+
+
+async def test_all_is_complete() -> None:
+    for name in k7async.__all__:
+        assert getattr(k7async, name) is not None
+    public = sorted(n for n in dir(k7async) if not n.startswith("_"))
+    assert public == sorted(k7async.__all__)
+    assert issubclass(k7async.SinkBusyError, k7core.K7Error)

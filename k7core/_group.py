@@ -10,13 +10,13 @@ import weakref
 from collections.abc import Iterable
 from itertools import repeat
 from operator import add, itemgetter
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._errors import ClosedError, GroupBusyError, StorageError
 from ._format import CURSOR_FILE_SIZE, Fsync, check_group_name, cursor_name, parse_fsync
 from ._kernel import SCAN_CORRUPT, ffi, lib
 from ._reader import Reader
+from ._resource import Resource
 from ._storage import Mapping, fsync_dir, open_fd, try_lock
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ _k7_ack = lib.k7_ack
 _unpack = ffi.unpack
 
 
-class ConsumerGroup:
+class ConsumerGroup(Resource):
     """An independent reader of a queue with its own committed cursor (at-least-once).
 
     Use it from one thread at a time. ``poll`` delivers messages and marks them in flight;
@@ -312,17 +312,6 @@ class ConsumerGroup:
                 f"final cursor msync of {self.path} failed: {os.strerror(err)}",
                 errno_=err, path=self.path,
             )
-
-    def __enter__(self) -> ConsumerGroup:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"committed={self.committed}"

@@ -11,7 +11,6 @@ import time
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._errors import (
@@ -37,6 +36,7 @@ from ._format import (
 )
 from ._kernel import BADOFFSETS, EIO, NOFIT, TOOLARGE, ffi, lib
 from ._reader import Reader
+from ._resource import Resource
 from ._storage import (
     Mapping,
     create_segment,
@@ -151,7 +151,7 @@ class _Resources:
             self.lock_fd = -1
 
 
-class Queue:
+class Queue(Resource):
     """A durable append-only log in a directory; creates it or recovers it on open.
 
     One writer per directory across processes (``QueueLockedError`` otherwise). ``enqueue``
@@ -583,17 +583,6 @@ class Queue:
                 f"final msync of {self.path} failed: {os.strerror(err)}", errno_=err,
                 path=self.path, hint="recently enqueued messages may not be durable",
             )
-
-    def __enter__(self) -> Queue:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("readonly" if self.readonly else self.fsync.value)

@@ -1,107 +1,120 @@
-"""Quick throughput probe: enqueue per strategy and poll+ack per batch size.
+"""The benchmark suite: this project's cases, two baselines, and peer queues side by side.
 
-    python -m benchmarks [--messages N] [--dir DIR] [--json FILE]
+    python -m benchmarks [--quick] [--only NAME ...] [--json FILE] [--md FILE] [--plot FILE.png]
+                         [--reps N] [--dir DIR] [--no-peers]
 
-Medians of 3 repetitions after a warm-up, 32-byte payloads, data on a real disk directory.
+32-byte payloads unless a case says otherwise; every case runs once as a warm-up, then
+``--reps`` times (3 by default), and reports the median, lowest and highest value. Queues go
+to a temporary directory on a real disk (``--dir``; the default is the system temp directory,
+which must not be a tmpfs for the figures to mean anything). ``--quick`` takes under two
+minutes (CI smoke); the full run under fifteen. Peers come with ``pip install '.[bench]'``;
+missing ones are skipped with a note.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
+import platform
 import shutil
-import statistics
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from datetime import date
 from pathlib import Path
 
-import k7core
-
-PAYLOAD = b"x" * 32
-
-
-def median_rate(fn: Callable[[], int], reps: int = 3) -> tuple[float, float, float]:
-    fn()  # warm-up
-    rates = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        n = fn()
-        rates.append(n / (time.perf_counter() - t0))
-    return statistics.median(rates), min(rates), max(rates)
+from . import _k7, _peers
+from ._harness import (
+    Record,
+    Skipped,
+    console_table,
+    iter_selected,
+    measure,
+    write_json,
+    write_markdown,
+    write_plot,
+)
 
 
-def bench_enqueue(root: Path, fsync: str, n: int) -> dict[str, tuple[float, float, float]]:
-    out = {}
-    with k7core.Queue(root / f"enq-{fsync}", fsync=fsync, segment_size=256 << 20) as q:
-        enqueue = q.enqueue
-
-        def single() -> int:
-            for _ in range(n):
-                enqueue(PAYLOAD)
-            return n
-
-        batch = [PAYLOAD] * 1000
-
-        def many() -> int:
-            for _ in range(n // 1000):
-                q.enqueue_many(batch)
-            return n // 1000 * 1000
-
-        out["enqueue"] = median_rate(single)
-        out["enqueue_many(1000)"] = median_rate(many)
-    return out
-
-
-def bench_poll_ack(root: Path, n: int, batches: list[int]) -> dict[str, tuple[float, float, float]]:
-    out = {}
-    with k7core.Queue(root / "poll", fsync="flush", segment_size=256 << 20) as q:
-        q.enqueue_many([PAYLOAD] * n)
-        with q.consumer_group("bench", cursor_fsync="async") as cg:
-            for b in batches:
-
-                def run(b: int = b) -> int:
-                    cg.seek(0)
-                    poll, ack, got = cg.poll, cg.ack, 0
-                    while got < n:
-                        msgs = poll(b, 0)
-                        for m in msgs:
-                            ack(m)
-                        got += len(msgs)
-                    return got
-
-                out[f"poll+ack batch {b}"] = median_rate(run)
-    return out
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks")
-    ap.add_argument("--messages", type=int, default=1_000_000)
-    ap.add_argument("--sync-messages", type=int, default=2_000)
-    ap.add_argument("--dir", type=Path, default=None, help="where queues go (a real disk)")
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="k7-bench-", dir=args.dir))
-    results: dict[str, tuple[float, float, float]] = {}
+def _fs_type(path: Path) -> str:
+    best, fstype = "", "?"
     try:
-        for fs in ("flush", "async"):
-            for k, v in bench_enqueue(root, fs, args.messages).items():
-                results[f"{k} [{fs}]"] = v
-        for k, v in bench_enqueue(root, "sync", args.sync_messages).items():
-            results[f"{k} [sync]"] = v
-        results.update(bench_poll_ack(root, args.messages, [1, 16, 64, 256, 1024]))
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                mnt = parts[1]
+                if str(path.resolve()).startswith(mnt) and len(mnt) > len(best):
+                    best, fstype = mnt, parts[2]
+    except OSError:
+        pass
+    return fstype
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small counts (< ~2 min, CI smoke)")
+    ap.add_argument("--only", action="append", metavar="NAME",
+                    help="run only cases whose name contains NAME (repeatable)")
+    ap.add_argument("--json", type=Path, metavar="FILE", help="write records as JSON")
+    ap.add_argument("--md", type=Path, metavar="FILE", help="write a Markdown table")
+    ap.add_argument("--plot", type=Path, metavar="FILE.png", help="bar chart of msg/s (log)")
+    ap.add_argument("--reps", type=int, default=3, help="measured repetitions (>= 3)")
+    ap.add_argument("--dir", type=Path, default=None, help="where queues go (a real disk)")
+    ap.add_argument("--no-peers", action="store_true", help="skip the peer queues")
+    args = ap.parse_args(argv)
+    if args.reps < 3:
+        ap.error("--reps must be at least 3")
+
+    sizes = _k7.QUICK if args.quick else _k7.FULL
+    cases = _k7.cases(sizes)
+    skipped: list[Skipped] = []
+    if not args.no_peers:
+        peer_cases, skipped = _peers.cases(*((1_000, 100) if args.quick else (5_000, 500)))
+        cases += peer_cases
+    selected = list(iter_selected(cases, args.only))
+    skipped = [s for s in skipped if not args.only or any(o.lower() in s.name.lower()
+                                                            for o in args.only)]
+    if not selected:
+        ap.error(f"no case matches --only {args.only}")
+
+    root = Path(tempfile.mkdtemp(prefix="k7-bench-", dir=args.dir))
+    fstype = _fs_type(root)
+    print(f"queues in {root} ({fstype}); {'quick' if args.quick else 'full'} mode, "
+          f"{args.reps} reps after a warm-up", file=sys.stderr)
+    if fstype in ("tmpfs", "ramfs"):
+        print("warning: this directory is on a RAM filesystem; pass --dir on a real disk",
+              file=sys.stderr)
+    records: list[Record] = []
+    t_start = time.perf_counter()
+    try:
+        for i, case in enumerate(selected):
+            d = root / f"case{i}"
+            d.mkdir()
+            t0 = time.perf_counter()
+            try:
+                records += measure(case, d, args.reps)
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+            print(f"  {case.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"{'case':36} {'msg/s (median)':>16} {'min':>12} {'max':>12}")
-    for k, (med, lo, hi) in results.items():
-        print(f"{k:36} {med:16,.0f} {lo:12,.0f} {hi:12,.0f}")
+    elapsed = time.perf_counter() - t_start
+
+    print(console_table(records, skipped))
+    print(f"({len(records)} records in {elapsed:.1f} s)")
+    header = (
+        f"`python -m benchmarks{' --quick' if args.quick else ''}` on {date.today()}: "
+        f"{platform.python_implementation()} {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs, queues on {fstype}; medians of {args.reps} after a warm-up."
+    )
     if args.json:
-        recs = [
-            {"name": k, "unit": "msg/s", "value": v[0], "min": v[1], "max": v[2], "params": {}}
-            for k, v in results.items()
-        ]
-        args.json.write_text(json.dumps(recs, indent=1))
+        write_json(args.json, records)
+    if args.md:
+        write_markdown(args.md, records, skipped, header)
+    if args.plot:
+        write_plot(args.plot, records, header.replace("`", ""))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -60,7 +60,10 @@ def main() -> None:
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         child.wait()
     lat.sort()
-    p = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] / 1000  # noqa: E731
+
+    def p(q: float) -> float:
+        return lat[min(len(lat) - 1, int(q * len(lat)))] / 1000
+
     print(
         f"fsync={args.fsync} messages={len(lat)} latency p50={p(0.5):.1f} us "
         f"p99={p(0.99):.1f} us max={lat[-1] / 1000:.1f} us mean={statistics.mean(lat) / 1000:.1f}"

@@ -241,8 +241,6 @@ void k7_publish(k7_pos *p, uint64_t end) {
 
 uint64_t k7_load_end(const k7_pos *p) { return LOAD_ACQ(&p->end); }
 
-void k7_pos_reset_waiters(k7_pos *p) { __atomic_store_n(&p->waiters, 0, __ATOMIC_SEQ_CST); }
-
 int k7_wait(k7_pos *p, uint64_t known_end, int64_t timeout_ns) {
     if (LOAD_ACQ(&p->end) != known_end) return 1;
 #ifdef __linux__

@@ -129,7 +129,6 @@ void k7_writer_rollback(k7_writer *w, int64_t pos);
 void k7_publish(k7_pos *p, uint64_t end);
 uint64_t k7_load_end(const k7_pos *p);
 int k7_wait(k7_pos *p, uint64_t known_end, int64_t timeout_ns);
-void k7_pos_reset_waiters(k7_pos *p);
 
 /* Flusher bell. */
 uint32_t k7_bell_seq(k7_bell *b);

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import array
 import bisect
 import os
 import time
 import weakref
 from collections.abc import Iterable
-from itertools import repeat
-from operator import add, itemgetter
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ._errors import ClosedError, GroupBusyError, StorageError
 from ._format import CURSOR_FILE_SIZE, Fsync, check_group_name, cursor_name, parse_fsync
-from ._kernel import SCAN_CORRUPT, ffi, lib
+from ._kernel import SCAN_CORRUPT, address, ffi, lib
+from ._native._fast import Fetcher
 from ._reader import Reader
 from ._resource import Resource
 from ._storage import Mapping, fsync_dir, open_fd, try_lock
@@ -67,10 +66,6 @@ class Message(tuple[int, memoryview]):
 
 
 _new_message = tuple.__new__
-_k7_read = lib.k7_read
-_k7_track = lib.k7_track
-_k7_ack = lib.k7_ack
-_unpack = ffi.unpack
 
 
 class ConsumerGroup(Resource):
@@ -122,6 +117,9 @@ class ConsumerGroup(Resource):
                 raise MemoryError("cannot allocate the in-flight table")
             self._f: Any = ffi.gc(f, lib.k7_inflight_free)
             self._rc = self._reader.c  # the C structs outlive close(): k7_inflight points at them
+            self._fetch = Fetcher(address(self._rc), address(self._f), Message)
+            self._reader.fetcher = self._fetch
+            self._cap = int(self._rc.capacity)  # poll's fast path takes up to this; 0 when closed
         except BaseException:
             self._finalizer()
             raise
@@ -134,6 +132,15 @@ class ConsumerGroup(Resource):
     def poll(self, max_batch: int = 256, timeout: float = 0.001) -> list[Message]:
         """Return up to ``max_batch`` messages at once if any are visible; otherwise wait up
         to ``timeout`` seconds (asleep, woken by the writer) for the first one."""
+        if max_batch <= self._cap and not self._redeliver and max_batch > 0:
+            msgs: list[Message] = self._fetch.read(max_batch)
+            if len(msgs) == max_batch:
+                return msgs
+            if msgs:
+                return self._read_on(msgs, max_batch)
+        return self._poll_slow(max_batch, timeout)
+
+    def _poll_slow(self, max_batch: int, timeout: float) -> list[Message]:
         if self._closed:
             self._raise_closed()
         if max_batch < 1:
@@ -150,7 +157,7 @@ class ConsumerGroup(Resource):
         deadline = time.monotonic() + timeout
         while True:
             end = q._visible_end()
-            if end > self._reader.c.pos:  # type: ignore[union-attr]
+            if end > self._rc.pos:
                 msgs = self._read(max_batch)
                 if msgs:
                     return msgs
@@ -162,26 +169,22 @@ class ConsumerGroup(Resource):
     def _read(self, max_batch: int) -> list[Message]:
         rd = self._reader
         assert rd is not None
-        rd.ensure_capacity(max_batch)
-        c = rd.c
-        n: int = _k7_read(c, max_batch) or rd.advance(max_batch)
-        if not n:
-            return []
-        view, base10 = rd.view, rd.base10
-        assert view is not None
-        if _k7_track(self._f, n):
-            raise MemoryError("cannot grow the in-flight table")
-        if n == 1:
-            s = c.starts[0]
-            msgs = [_new_message(Message, (base10 + s, view[s : s + c.lens[0]]))]
-        else:
-            starts = _unpack(c.starts, n)
-            offsets = list(map(add, starts, repeat(base10, n)))
-            ends = map(add, starts, _unpack(c.lens, n))
-            payloads = map(view.__getitem__, map(slice, starts, ends))
-            msgs = list(map(_new_message, repeat(Message, n), zip(offsets, payloads, strict=True)))
-        if n < max_batch and c.status != SCAN_CORRUPT and c.pos < c.end:
-            msgs += self._read(max_batch - n)  # the batch continues in the next segment
+        if max_batch > self._cap:
+            rd.ensure_capacity(max_batch)
+            self._cap = int(rd.c.capacity)
+        msgs: list[Message] = self._fetch.read(max_batch)
+        if not msgs:
+            n = rd.advance(max_batch)
+            if not n:
+                return []
+            msgs = self._fetch.collect(n)
+        return self._read_on(msgs, max_batch) if len(msgs) < max_batch else msgs
+
+    def _read_on(self, msgs: list[Message], max_batch: int) -> list[Message]:
+        """A short batch continues in the next segment when data is visible beyond it."""
+        c = self._rc
+        if c.status != SCAN_CORRUPT and c.pos < c.end:
+            msgs += self._read(max_batch - len(msgs))
         return msgs
 
     def _take_redeliveries(self, max_batch: int) -> list[Message]:
@@ -199,11 +202,10 @@ class ConsumerGroup(Resource):
 
     def ack(self, msg: Message | int) -> bool:
         """Mark a delivered message done; False if it was not in flight (already acked...)."""
-        off = msg if type(msg) is int else msg[0]  # type: ignore[index]
-        rc: int = _k7_ack(self._f, off)
+        rc = self._fetch.ack(msg)
         if rc == 1:
-            if self._redeliver and off in self._redeliver:
-                self._redeliver.remove(off)
+            if self._redeliver:
+                self._forget_redeliveries([msg])
             return True
         if self._closed:
             self._raise_closed()
@@ -214,18 +216,20 @@ class ConsumerGroup(Resource):
     def ack_many(self, msgs: Iterable[Message | int]) -> int:
         """Ack several messages with one kernel call and one cursor store; returns how many
         were in flight."""
-        offs = array.array("q", [m if type(m) is int else m[0] for m in msgs])  # type: ignore[index]
-        if not offs:
-            return 0
-        rc = int(lib.k7_ack_many(self._f, ffi.cast("int64_t *", ffi.from_buffer(offs)), len(offs)))
+        if self._redeliver and not isinstance(msgs, (list, tuple)):
+            msgs = list(msgs)
+        rc = self._fetch.ack_many(msgs)
         if self._closed:
             self._raise_closed()
         if rc < 0:
             self._raise_store(-rc)
         if self._redeliver:
-            acked = set(offs)
-            self._redeliver = [o for o in self._redeliver if o not in acked]
+            self._forget_redeliveries(msgs)
         return rc
+
+    def _forget_redeliveries(self, msgs: Iterable[Message | int]) -> None:
+        acked = {m if type(m) is int else m[0] for m in msgs}  # type: ignore[index]
+        self._redeliver = [o for o in self._redeliver if o not in acked]
 
     def nack(self, msg: Message | int) -> bool:
         """Redeliver this message (first) on a later poll, without the messages after it."""
@@ -299,6 +303,8 @@ class ConsumerGroup(Resource):
         if self._closed:
             return
         self._closed = True
+        self._cap = 0
+        self._fetch.detach()
         self._reader = None
         err = lib.k7_msync(self._c.map, 0, 8)  # k7 flushes the cursor on close, always
         self._finalizer()

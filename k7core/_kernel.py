@@ -25,6 +25,11 @@ SCAN_EMPTY: int = lib.K7_SCAN_EMPTY
 SCAN_CORRUPT: int = lib.K7_SCAN_CORRUPT
 
 
+def address(ptr: Any) -> int:
+    """The address of a cffi pointer, for the CPython entry points in ``_native._fast``."""
+    return int(ffi.cast("uintptr_t", ptr))
+
+
 def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
     """CRC32C (Castagnoli) of ``data``, hardware-accelerated where the CPU has it."""
     buf = ffi.from_buffer(data)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import array
-import itertools
 import logging
 import os
 import threading
@@ -34,7 +33,8 @@ from ._format import (
     parse_fsync,
     segment_name,
 )
-from ._kernel import BADOFFSETS, EIO, NOFIT, TOOLARGE, ffi, lib
+from ._kernel import BADOFFSETS, EIO, NOFIT, TOOLARGE, address, ffi, lib
+from ._native._fast import CLOSED, Appender
 from ._reader import Reader
 from ._resource import Resource
 from ._storage import (
@@ -53,8 +53,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("k7core")
 
-_append = lib.k7_append
 _from_buffer = ffi.from_buffer
+_ZERO = array.array("q", [0])
 
 
 def _lock_with_retry(fd: int) -> bool:
@@ -171,6 +171,8 @@ class Queue(Resource):
     ) -> None:
         self._closed = True
         self._w: Any = None
+        self._fa = Appender(0)  # the enqueue fast path; detached (no writer) until recovery
+        self._bulk_reader: Reader | None = None  # read_columnar's
         self.path = Path(path)
         if not isinstance(segment_size, int) or segment_size < 64 or segment_size % 8:
             raise ValueError(
@@ -289,6 +291,7 @@ class Queue(Resource):
         w.mode = self.fsync.code
         w.max_frame = self.segment_size
         self._w = w
+        self._fa = Appender(address(w))
         if durable and end and k7_msync_range(m, 0, end):
             raise StorageError(f"msync of {path} failed at open", path=path)
         # Frames recovered after a crash are made durable before readers may see them.
@@ -332,53 +335,62 @@ class Queue(Resource):
 
         Durable per the queue's ``fsync`` strategy when this returns (``"sync"``: msync'd).
         """
-        w = self._w
-        if w is not None and type(data) is bytes:
-            off: int = _append(w, data, len(data))
-        elif w is not None:
-            try:
-                buf = _from_buffer(data)
-            except TypeError:
-                raise TypeError(
-                    f"payload must be bytes-like (bytes, bytearray, memoryview), "
-                    f"not {type(data).__name__}"
-                ) from None
-            off = _append(w, buf, len(buf))
-        else:
-            self._check_writable()
-            raise AssertionError("unreachable")
+        off = self._fa.append(data)
         if off >= 0:
             return off
         return self._enqueue_slow(data, off)
 
     def _enqueue_slow(self, data: Any, rc: int) -> int:
-        n = len(memoryview(data).cast("B"))
         for _ in range(2):
-            if rc == NOFIT:
-                self._check_size(n)
-                self._roll()
+            if rc == CLOSED:
+                self._check_writable()
             elif rc == EIO:
                 self._raise_eio()
+            elif rc == TOOLARGE:
+                self._check_size(memoryview(data).nbytes)
+            elif rc == NOFIT:
+                self._check_size(memoryview(data).nbytes)
+                self._roll()
             else:
                 return rc
-            rc = _append(self._w, _from_buffer(data), n)
+            rc = self._fa.append(data)
         if rc < 0:
-            self._raise_eio() if rc == EIO else self._check_size(n)
+            self._raise_eio() if rc == EIO else self._check_size(memoryview(data).nbytes)
         return rc
 
     def enqueue_many(self, items: Iterable[bytes | bytearray | memoryview]) -> list[int]:
-        """Append a batch (one kernel call per segment); return the offsets in order."""
+        """Append a batch (one kernel call per segment); return the offsets in order.
+
+        A message too large for a segment fails the whole batch before anything is written.
+        """
         if not isinstance(items, (list, tuple)):
             items = list(items)
-        try:
-            data = b"".join(items)
-        except TypeError as exc:
-            raise TypeError(f"enqueue_many: every item must be bytes-like ({exc})") from None
-        lens = list(map(len, items))
-        if sum(lens) != len(data):  # items whose len() is not their byte size
-            lens = [memoryview(x).nbytes for x in items]
-        offsets = array.array("q", itertools.accumulate(lens, initial=0))
-        return self._append_columnar(data, offsets, len(lens)).tolist()
+        out = self._fa.append_many(items, 0)
+        if type(out) is list and len(out) == len(items):
+            return out
+        return self._enqueue_many_slow(items, out)
+
+    def _enqueue_many_slow(
+        self, items: list[Any] | tuple[Any, ...], out: list[int] | int
+    ) -> list[int]:
+        offsets: list[int] = []
+        while True:
+            if isinstance(out, list):
+                offsets += out
+                if len(offsets) == len(items):
+                    return offsets
+            elif out == CLOSED:
+                self._check_writable()
+            elif out == EIO:
+                self._raise_eio()
+            elif out == TOOLARGE:
+                self._check_size(max(memoryview(x).nbytes for x in items[len(offsets):]))
+            elif out in (0, NOFIT):
+                self._check_size(memoryview(items[len(offsets)]).nbytes)
+                self._roll()
+            else:
+                raise AssertionError(f"unexpected append_many result {out}")
+            out = self._fa.append_many(items, len(offsets))
 
     def enqueue_columnar(
         self, data: bytes | bytearray | memoryview, offsets: Any
@@ -536,22 +548,30 @@ class Queue(Resource):
         self._check_open()
         if max_messages < 1:
             raise ValueError("max_messages must be >= 1")
-        reader = Reader(self, max_messages)
-        try:
-            c = reader.c
-            c.pos = offset
-            n = reader.read(max_messages)
-            if n == 0 or reader.view is None:
-                empty = array.array("q")
-                return ColumnarBatch(empty, empty, empty, memoryview(b""), int(c.pos))
-            starts, lens = array.array("q"), array.array("q")
-            starts.frombytes(ffi.buffer(c.starts, 8 * n))
-            lens.frombytes(ffi.buffer(c.lens, 8 * n))
-            base10 = reader.base10
-            offsets = array.array("q", [base10 + s for s in starts])
-            return ColumnarBatch(offsets, starts, lens, reader.view[:], int(c.pos))
-        finally:
-            reader.close()
+        starts = _ZERO * max_messages
+        lens = _ZERO * max_messages
+        reader = self._bulk_reader
+        if reader is None:  # kept across calls: mapping a segment costs more than a scan
+            reader = self._bulk_reader = Reader(self, 1)
+        c = reader.c
+        with _from_buffer(starts) as sbuf, _from_buffer(lens) as lbuf:
+            try:
+                c.starts, c.lens = ffi.cast("int64_t *", sbuf), ffi.cast("int64_t *", lbuf)
+                c.capacity = max_messages
+                c.pos = offset
+                n = reader.read(max_messages)
+                view = reader.view[:] if n and reader.view is not None else memoryview(b"")
+                offsets = _ZERO * n
+                if n:
+                    lib.k7_add_const(ffi.cast("int64_t *", _from_buffer(offsets)),
+                                     c.starts, n, reader.base10)
+                next_offset = int(c.pos)
+            finally:
+                c.starts = c.lens = ffi.NULL
+                c.capacity = 0
+        del starts[n:]
+        del lens[n:]
+        return ColumnarBatch(offsets, starts, lens, view, next_offset)
 
     # ------------------------------------------------------------------ lifetime
 
@@ -566,6 +586,10 @@ class Queue(Resource):
                 g.close()
             except K7Error as exc:  # keep closing; report the first failure at the end
                 first_error = first_error or exc
+        self._fa.detach()
+        if self._bulk_reader is not None:
+            self._bulk_reader.close()
+            self._bulk_reader = None
         w, self._w = self._w, None
         err = 0
         fl = self._r.flusher

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from ._errors import CorruptFrameError
 from ._format import FRAME_HEADER, segment_name
 from ._kernel import SCAN_CORRUPT, SCAN_EMPTY, ffi, lib
+from ._native._fast import Fetcher
 from ._storage import Mapping, map_file
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ class Reader:
         self._map: Mapping | None = None
         self.view: memoryview | None = None  # read-only view of the current segment
         self.base10 = 0  # current segment base minus the frame header: offset = base10 + start
+        self.fetcher: Fetcher | None = None  # a group's fast path, told of every segment change
         c = self.c = ffi.new("k7_reader *")
         c.pub = queue._pub
         c.floor_end = queue._floor_end
@@ -49,6 +51,8 @@ class Reader:
     def close(self) -> None:
         self.c.seg = ffi.NULL
         self.view = None
+        if self.fetcher is not None:
+            self.fetcher.set_segment(None, self.base10)
         if self._map is not None:
             self._map.close()
             self._map = None
@@ -127,6 +131,8 @@ class Reader:
         self._map = m
         self.view = m.view
         c.seg, c.cap = m.ptr, m.size
+        if self.fetcher is not None:
+            self.fetcher.set_segment(self.view, self.base10)
 
     def payload_at(self, offset: int) -> memoryview | None:
         """The payload of the frame at ``offset`` (for redelivery); keeps ``c.pos``."""

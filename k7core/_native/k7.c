@@ -184,6 +184,10 @@ int64_t k7_gather(const uint8_t *buf, int64_t cap, const int64_t *pos, const int
     return total;
 }
 
+void k7_add_const(int64_t *dst, const int64_t *src, int64_t n, int64_t k) {
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i] + k;
+}
+
 int64_t k7_read(k7_reader *r, int64_t max_n) {
     int64_t end = (int64_t)__atomic_load_n(&r->pub->end, __ATOMIC_ACQUIRE);
     if (end < r->floor_end) end = r->floor_end;

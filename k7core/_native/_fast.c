@@ -1,0 +1,429 @@
+/* k7core._native._fast: CPython entry points for the per-message hot paths.
+ *
+ * The kernel (k7.c) is reached through cffi everywhere else. A cffi call costs ~250 ns,
+ * and building one Message per frame in Python costs ~600 ns more; at 32-byte payloads that
+ * is most of the time of enqueue and poll (measured, see docs/benchmarks.md). These objects
+ * call the same kernel functions directly with METH_O / METH_FASTCALL and build the Python
+ * objects in C. They hold raw pointers to C structs owned by the Python objects of
+ * k7core (Queue, ConsumerGroup), which detach() them before those structs are freed.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "k7.h"
+
+#define K7_CLOSED (-100) /* returned when the object was detached (queue or group closed) */
+#define STACK_ITEMS 256
+
+/* ------------------------------------------------------------------ payloads */
+
+/* Pointer and length of a bytes-like object: bytes directly, anything else through the
+ * buffer protocol (then *held is set and the buffer must be released). */
+static int get_bytes(PyObject *o, Py_buffer *buf, const uint8_t **p, int64_t *n, int *held) {
+    if (PyBytes_CheckExact(o)) {
+        *p = (const uint8_t *)PyBytes_AS_STRING(o);
+        *n = (int64_t)PyBytes_GET_SIZE(o);
+        *held = 0;
+        return 0;
+    }
+    if (PyObject_GetBuffer(o, buf, PyBUF_SIMPLE) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Format(PyExc_TypeError,
+                         "payload must be bytes-like (bytes, bytearray, memoryview), not %.100s",
+                         Py_TYPE(o)->tp_name);
+        }
+        return -1;
+    }
+    *p = (const uint8_t *)buf->buf;
+    *n = (int64_t)buf->len;
+    *held = 1;
+    return 0;
+}
+
+static int too_large(const k7_writer *w, int64_t n) {
+    return n > K7_MAX_LEN || (w->max_frame > 0 && k7_frame_size(n) > w->max_frame);
+}
+
+/* ------------------------------------------------------------------ Appender */
+
+typedef struct {
+    PyObject_HEAD
+    k7_writer *w;
+} Appender;
+
+static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
+    unsigned long long addr;
+    if (kwds && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "Appender takes no keyword arguments");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "K", &addr)) return -1;
+    self->w = (k7_writer *)(uintptr_t)addr;
+    return 0;
+}
+
+static PyObject *Appender_detach(Appender *self, PyObject *unused) {
+    self->w = NULL;
+    Py_RETURN_NONE;
+}
+
+/* append(data) -> global offset (>= 0) or a negative K7_* code (nothing written). */
+static PyObject *Appender_append(Appender *self, PyObject *data) {
+    k7_writer *w = self->w;
+    if (!w) return PyLong_FromLong(K7_CLOSED);
+    Py_buffer buf;
+    const uint8_t *p;
+    int64_t n, rc;
+    int held;
+    if (get_bytes(data, &buf, &p, &n, &held) < 0) return NULL;
+    if (n > K7_MAX_LEN) {
+        rc = K7_TOOLARGE;
+    } else if (w->mode == 2) { /* msync: let other threads run meanwhile */
+        Py_BEGIN_ALLOW_THREADS
+        rc = k7_append(w, p, n);
+        Py_END_ALLOW_THREADS
+    } else {
+        rc = k7_append(w, p, n);
+    }
+    if (held) PyBuffer_Release(&buf);
+    return PyLong_FromLongLong(rc);
+}
+
+/* append_many(items, start) -> list of global offsets of items[start:start+k] (k >= 1, as
+ * many as fit in the segment), or a negative K7_* code / 0 (the first does not fit).
+ * Every item is checked against max_frame before anything is written. */
+static PyObject *Appender_append_many(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "append_many(items, start)");
+        return NULL;
+    }
+    PyObject *items = args[0];
+    if (!PyList_CheckExact(items) && !PyTuple_CheckExact(items)) {
+        PyErr_SetString(PyExc_TypeError, "append_many: items must be a list or a tuple");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    k7_writer *w = self->w;
+    if (!w) return PyLong_FromLong(K7_CLOSED);
+    /* A snapshot keeps every item alive while the GIL is released ("sync" msyncs). */
+    PyObject *seq = PySequence_Tuple(items);
+    if (!seq) return NULL;
+    Py_ssize_t total = PyTuple_GET_SIZE(seq);
+    if (start < 0 || start > total) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_IndexError, "append_many: start out of range");
+        return NULL;
+    }
+    Py_ssize_t n = total - start;
+    const uint8_t *sptrs[STACK_ITEMS];
+    int64_t slens[STACK_ITEMS], soffs[STACK_ITEMS];
+    const uint8_t **ptrs = sptrs;
+    int64_t *lens = slens, *offs = soffs;
+    Py_buffer *bufs = NULL;
+    Py_ssize_t nheld = 0, i;
+    PyObject *result = NULL;
+    if (n > STACK_ITEMS) {
+        ptrs = malloc((size_t)n * sizeof *ptrs);
+        lens = malloc((size_t)n * sizeof *lens);
+        offs = malloc((size_t)n * sizeof *offs);
+        if (!ptrs || !lens || !offs) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    int64_t rc = 0;
+    for (i = 0; i < n; i++) {
+        PyObject *o = PyTuple_GET_ITEM(seq, start + i);
+        if (PyBytes_CheckExact(o)) {
+            ptrs[i] = (const uint8_t *)PyBytes_AS_STRING(o);
+            lens[i] = (int64_t)PyBytes_GET_SIZE(o);
+        } else {
+            if (!bufs) {
+                bufs = PyMem_Malloc((size_t)n * sizeof *bufs);
+                if (!bufs) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+            }
+            int held;
+            if (get_bytes(o, &bufs[nheld], &ptrs[i], &lens[i], &held) < 0) goto done;
+            nheld++;
+        }
+        if (too_large(w, lens[i])) rc = K7_TOOLARGE;
+    }
+    if (n == 0) {
+        result = PyList_New(0);
+        goto done;
+    }
+    if (rc == 0) {
+        if (w->mode == 2) {
+            Py_BEGIN_ALLOW_THREADS
+            rc = k7_append_many(w, (uint8_t **)ptrs, lens, n, offs);
+            Py_END_ALLOW_THREADS
+        } else {
+            rc = k7_append_many(w, (uint8_t **)ptrs, lens, n, offs);
+        }
+    }
+    if (rc <= 0) {
+        result = PyLong_FromLongLong(rc);
+        goto done;
+    }
+    result = PyList_New((Py_ssize_t)rc);
+    if (!result) goto done;
+    for (i = 0; i < (Py_ssize_t)rc; i++) {
+        PyObject *v = PyLong_FromLongLong(offs[i]);
+        if (!v) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, i, v);
+    }
+done:
+    for (i = 0; i < nheld; i++) PyBuffer_Release(&bufs[i]);
+    PyMem_Free(bufs);
+    if (ptrs != sptrs) free((void *)ptrs);
+    if (lens != slens) free(lens);
+    if (offs != soffs) free(offs);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyMethodDef Appender_methods[] = {
+    {"append", (PyCFunction)Appender_append, METH_O, NULL},
+    {"append_many", (PyCFunction)(void (*)(void))Appender_append_many, METH_FASTCALL, NULL},
+    {"detach", (PyCFunction)Appender_detach, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject AppenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "k7core._native._fast.Appender",
+    .tp_basicsize = sizeof(Appender),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Appends frames through a k7_writer (by address); see k7core/_queue.py.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Appender_init,
+    .tp_methods = Appender_methods,
+};
+
+/* ------------------------------------------------------------------ Fetcher */
+
+typedef struct {
+    PyObject_HEAD
+    k7_reader *r;
+    k7_inflight *f;
+    PyTypeObject *msgtype; /* a tuple subclass (k7core.Message) */
+    PyObject *view;        /* read-only memoryview of the reader's segment, or NULL */
+    int64_t base10;        /* segment base minus the frame header */
+} Fetcher;
+
+static int Fetcher_init(Fetcher *self, PyObject *args, PyObject *kwds) {
+    unsigned long long raddr, faddr;
+    PyObject *t;
+    if (kwds && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "Fetcher takes no keyword arguments");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "KKO!", &raddr, &faddr, &PyType_Type, &t)) return -1;
+    if (!PyType_IsSubtype((PyTypeObject *)t, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "Fetcher: the message type must subclass tuple");
+        return -1;
+    }
+    self->r = (k7_reader *)(uintptr_t)raddr;
+    self->f = (k7_inflight *)(uintptr_t)faddr;
+    Py_INCREF(t);
+    Py_XSETREF(self->msgtype, (PyTypeObject *)t);
+    return 0;
+}
+
+static int Fetcher_traverse(Fetcher *self, visitproc visit, void *arg) {
+    Py_VISIT(self->msgtype);
+    Py_VISIT(self->view);
+    return 0;
+}
+
+static int Fetcher_clear(Fetcher *self) {
+    Py_CLEAR(self->msgtype);
+    Py_CLEAR(self->view);
+    return 0;
+}
+
+static void Fetcher_dealloc(Fetcher *self) {
+    PyObject_GC_UnTrack(self);
+    Fetcher_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* set_segment(view or None, base10): what the reader's k7_reader currently points into. */
+static PyObject *Fetcher_set_segment(Fetcher *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_segment(view, base10)");
+        return NULL;
+    }
+    long long base10 = PyLong_AsLongLong(args[1]);
+    if (base10 == -1 && PyErr_Occurred()) return NULL;
+    if (args[0] == Py_None) {
+        Py_CLEAR(self->view);
+    } else {
+        if (!PyMemoryView_Check(args[0])) {
+            PyErr_SetString(PyExc_TypeError, "set_segment: view must be a memoryview or None");
+            return NULL;
+        }
+        Py_INCREF(args[0]);
+        Py_XSETREF(self->view, args[0]);
+    }
+    self->base10 = base10;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Fetcher_detach(Fetcher *self, PyObject *unused) {
+    self->r = NULL;
+    self->f = NULL;
+    Py_CLEAR(self->view);
+    Py_RETURN_NONE;
+}
+
+/* Track and build the n frames the last k7_read left in r->starts / r->lens. */
+static PyObject *collect(Fetcher *self, int64_t n) {
+    k7_reader *r = self->r;
+    if (n <= 0) return PyList_New(0);
+    if (!self->view || n > r->capacity) {
+        PyErr_SetString(PyExc_RuntimeError, "k7 fetcher: no segment view for the frames read");
+        return NULL;
+    }
+    if (k7_track(self->f, n)) return PyErr_NoMemory();
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (!list) return NULL;
+    binaryfunc subscript = Py_TYPE(self->view)->tp_as_mapping->mp_subscript;
+    PyTypeObject *t = self->msgtype;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t s = r->starts[i];
+        PyObject *lo = PyLong_FromLongLong(s);
+        PyObject *hi = PyLong_FromLongLong(s + r->lens[i]);
+        PyObject *sl = (lo && hi) ? PySlice_New(lo, hi, NULL) : NULL;
+        Py_XDECREF(lo);
+        Py_XDECREF(hi);
+        PyObject *payload = sl ? subscript(self->view, sl) : NULL;
+        Py_XDECREF(sl);
+        PyObject *off = payload ? PyLong_FromLongLong(self->base10 + s) : NULL;
+        PyObject *msg = off ? t->tp_alloc(t, 2) : NULL;
+        if (!msg) {
+            Py_XDECREF(payload);
+            Py_XDECREF(off);
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(msg, 0, off);
+        PyTuple_SET_ITEM(msg, 1, payload);
+        PyList_SET_ITEM(list, (Py_ssize_t)i, msg);
+    }
+    return list;
+}
+
+/* read(max_n) -> list of messages from the current segment (k7_read + track), maybe empty;
+ * an empty list can also mean "cross to the next segment": the caller checks r->status. */
+static PyObject *Fetcher_read(Fetcher *self, PyObject *arg) {
+    long long max_n = PyLong_AsLongLong(arg);
+    if (max_n == -1 && PyErr_Occurred()) return NULL;
+    if (!self->r) return PyList_New(0);
+    return collect(self, k7_read(self->r, max_n));
+}
+
+/* collect(n) -> messages for n frames already scanned (after the Python slow path). */
+static PyObject *Fetcher_collect(Fetcher *self, PyObject *arg) {
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (!self->r) return PyList_New(0);
+    return collect(self, n);
+}
+
+static int offset_of(PyObject *o, int64_t *off) {
+    if (PyTuple_Check(o) && PyTuple_GET_SIZE(o) >= 1) o = PyTuple_GET_ITEM(o, 0);
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "expected a Message or an int offset, not %.100s",
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    *off = v;
+    return 0;
+}
+
+/* ack(msg or offset) -> 1 acked, 0 not in flight, -errno (cursor store failed). */
+static PyObject *Fetcher_ack(Fetcher *self, PyObject *arg) {
+    int64_t off;
+    if (offset_of(arg, &off) < 0) return NULL;
+    if (!self->f) return PyLong_FromLong(0);
+    return PyLong_FromLong(k7_ack(self->f, off));
+}
+
+/* ack_many(iterable of msgs or offsets) -> count acked, or -errno; one cursor store. */
+static PyObject *Fetcher_ack_many(Fetcher *self, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "ack_many: expected an iterable of messages");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int64_t soffs[STACK_ITEMS];
+    int64_t *offs = n > STACK_ITEMS ? malloc((size_t)n * sizeof *offs) : soffs;
+    PyObject *result = NULL;
+    if (!offs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (offset_of(items[i], &offs[i]) < 0) goto done;
+    }
+    result = PyLong_FromLongLong(self->f && n ? k7_ack_many(self->f, offs, n) : 0);
+done:
+    if (offs != soffs) free(offs);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyMethodDef Fetcher_methods[] = {
+    {"read", (PyCFunction)Fetcher_read, METH_O, NULL},
+    {"collect", (PyCFunction)Fetcher_collect, METH_O, NULL},
+    {"set_segment", (PyCFunction)(void (*)(void))Fetcher_set_segment, METH_FASTCALL, NULL},
+    {"ack", (PyCFunction)Fetcher_ack, METH_O, NULL},
+    {"ack_many", (PyCFunction)Fetcher_ack_many, METH_O, NULL},
+    {"detach", (PyCFunction)Fetcher_detach, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject FetcherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "k7core._native._fast.Fetcher",
+    .tp_basicsize = sizeof(Fetcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Reads and acks through a k7_reader / k7_inflight (by address); see "
+              "k7core/_group.py.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Fetcher_init,
+    .tp_dealloc = (destructor)Fetcher_dealloc,
+    .tp_traverse = (traverseproc)Fetcher_traverse,
+    .tp_clear = (inquiry)Fetcher_clear,
+    .tp_methods = Fetcher_methods,
+};
+
+/* ------------------------------------------------------------------ module */
+
+static struct PyModuleDef fastmodule = {
+    PyModuleDef_HEAD_INIT, "_fast", "CPython entry points for k7core's hot paths.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fast(void) {
+    if (PyType_Ready(&AppenderType) < 0 || PyType_Ready(&FetcherType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&fastmodule);
+    if (!m) return NULL;
+    if (PyModule_AddObjectRef(m, "Appender", (PyObject *)&AppenderType) < 0 ||
+        PyModule_AddObjectRef(m, "Fetcher", (PyObject *)&FetcherType) < 0 ||
+        PyModule_AddIntConstant(m, "CLOSED", K7_CLOSED) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

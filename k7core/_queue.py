@@ -284,6 +284,7 @@ class Queue(Resource):
         else:
             self._cut_tail(m, base, end)
         self._r.seg_map = m
+        m.prefetch()
         w = ffi.new("k7_writer *")
         w.seg, w.cap, w.base = m.ptr, m.size, base
         w.pos = w.written = w.synced = end
@@ -480,6 +481,7 @@ class Queue(Resource):
         path = create_segment(self.path, new_base, self.segment_size, durable=durable)
         m = map_file(path, writable=True)
         assert m is not None
+        m.prefetch()
         with self._flusher_lock():
             w.seg, w.cap, w.base = m.ptr, m.size, new_base
             w.pos = w.written = w.synced = 0

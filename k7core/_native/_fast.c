@@ -318,6 +318,10 @@ static PyObject *collect(Fetcher *self, int64_t n) {
         }
         PyTuple_SET_ITEM(msg, 0, off);
         PyTuple_SET_ITEM(msg, 1, payload);
+        /* A message cannot be part of a reference cycle (an int, and a view of an mmap,
+         * which refers to nothing): keep it out of the cyclic GC, whose collections
+         * otherwise grow with every batch still held. (Its dealloc untracks checked.) */
+        PyObject_GC_UnTrack(msg);
         PyList_SET_ITEM(list, (Py_ssize_t)i, msg);
     }
     return list;

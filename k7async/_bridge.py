@@ -38,6 +38,30 @@ def notify(token: EventLoopToken, fn: Callable[[Unpack[Ts]], object], *args: *Ts
     return True
 
 
+def post(token: EventLoopToken, fn: Callable[[Unpack[Ts]], object], *args: *Ts) -> bool:
+    """Like :func:`notify`, but do not wait for ``fn`` to run: the thread goes on at once.
+
+    Uses the loop's own thread-safe scheduling (asyncio ``call_soon_threadsafe``, trio
+    ``run_sync_soon``); other backends fall back to :func:`notify`. Returns False when that
+    loop has already finished.
+    """
+    native = token.native_token
+    schedule = getattr(native, "call_soon_threadsafe", None) or getattr(
+        native, "run_sync_soon", None
+    )
+    if schedule is None:
+        return notify(token, fn, *args)
+    try:
+        schedule(fn, *args)
+    except (anyio.RunFinishedError, RuntimeError):  # asyncio: the loop is closed
+        return False
+    except Exception as exc:  # trio.RunFinishedError (trio is optional here)
+        if type(exc).__name__ == "RunFinishedError":
+            return False
+        raise
+    return True
+
+
 async def run_in_thread(fn: Callable[[], T], name: str) -> T:
     """Run a blocking call (open, close) in a short-lived thread without blocking the loop.
 

@@ -14,6 +14,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 import k7core
 from k7core import Fsync
+from k7core._format import FRAME_HEADER, MAX_PAYLOAD
 
 from ._bridge import Payload, run_in_thread
 from ._consumer import MessageStream, consumer_group_channel
@@ -34,6 +35,7 @@ class AsyncQueue:
         self._queue = queue
         self._writer = writer
         self._closed = False
+        self._max_payload = min(queue.segment_size - FRAME_HEADER, MAX_PAYLOAD)
 
     @property
     def queue(self) -> k7core.Queue:
@@ -69,11 +71,12 @@ class AsyncQueue:
         If the awaiting task is cancelled, the message may still be written (it was handed
         to the writer thread); only its offset is unknown.
         """
-        await anyio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
-        job = Job([data])
-        self._writer.submit(job)
-        return (await job.wait())[0]
+        n = len(data) if type(data) is bytes else memoryview(data).nbytes
+        if n > self._max_payload:
+            self._queue._check_size(n)  # raises MessageTooLargeError
+        job, i = self._writer.submit_one(data)
+        return (await job.wait())[i]
 
     async def enqueue_many(self, items: Iterable[Payload]) -> list[int]:
         """Append a batch as one unit (consecutive, in order); return the offsets."""

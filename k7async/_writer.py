@@ -22,7 +22,7 @@ from anyio.lowlevel import EventLoopToken
 
 import k7core
 
-from ._bridge import Payload, core_queue, notify
+from ._bridge import Payload, core_queue, notify, post
 
 if TYPE_CHECKING:
     from ._queue import AsyncQueue
@@ -39,11 +39,15 @@ class Job:
     or ``error`` is final.
     """
 
-    __slots__ = ("error", "event", "items", "offsets", "token")
+    __slots__ = ("error", "event", "items", "offsets", "shared", "thread", "token")
 
-    def __init__(self, items: list[Payload]) -> None:
+    def __init__(
+        self, items: list[Payload], token: EventLoopToken | None = None, *, shared: bool = False
+    ) -> None:
         self.items = items
-        self.token: EventLoopToken = anyio.lowlevel.current_token()
+        self.token: EventLoopToken = token or anyio.lowlevel.current_token()
+        self.shared = shared  # single messages of several tasks, appended while pending
+        self.thread = threading.get_ident()  # the thread of the loop that awaits it
         self.event = anyio.Event()
         self.offsets: list[int] | None = None
         self.error: BaseException | None = None
@@ -117,6 +121,30 @@ class QueueWriter:
             if self._idle:
                 self._cond.notify()
 
+    def submit_one(self, item: Payload) -> tuple[Job, int]:
+        """Add one message to the shared job of the calling loop that still waits for the
+        thread (or start one); return the job and the message's index in it.
+
+        Awaiting writers of one loop thus cost one job, one event and one wake-up of the
+        thread per batch instead of one each. A thread runs one event loop at a time, and a
+        loop's jobs complete before its AsyncQueue closes, so a pending shared job of this
+        thread belongs to the running loop. The caller has validated ``item``, so the job can
+        only fail as a whole (a storage error, a closed queue).
+        """
+        tid = threading.get_ident()
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("this QueueWriter has stopped")
+            pending = self._pending
+            if pending:
+                job = pending[-1]
+                if job.shared and job.thread == tid and len(job.items) < MAX_BATCH_MESSAGES:
+                    job.items.append(item)
+                    return job, len(job.items) - 1
+        job = Job([item], shared=True)  # outside the lock: it looks the loop up
+        self.submit(job)
+        return job, 0
+
     # ------------------------------------------------------------------ the thread
 
     def _run(self) -> None:
@@ -182,13 +210,13 @@ class QueueWriter:
 
     def _resolve(self, jobs: list[Job]) -> None:
         if len(jobs) == 1:
-            notify(jobs[0].token, _set_events, jobs)
+            post(jobs[0].token, _set_events, jobs)
             return
         by_loop: dict[EventLoopToken, list[Job]] = {}
         for job in jobs:
             by_loop.setdefault(job.token, []).append(job)
         for token, group in by_loop.items():
-            notify(token, _set_events, group)
+            post(token, _set_events, group)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"

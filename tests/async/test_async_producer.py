@@ -284,12 +284,16 @@ async def test_group_commit_shares_msyncs(tmp_path: Path) -> None:
             batches = q.writer.batches
             assert q.writer.messages == tasks * per_task
             payloads = read_all(q.queue)
+            batch = q.queue.read_columnar(0, 2 * tasks * per_task)
+            at = {batch.offsets[k]: bytes(batch.payload(k)) for k in range(len(batch))}
     # one enqueue_many (one msync with "sync") per batch: far fewer than one per message
     assert batches <= tasks * per_task // 10, batches
     seen = parse(payloads)
     assert all(seen[i] == list(range(per_task)) for i in range(tasks))
     assert all(o == sorted(o) for o in offsets.values())
     assert len({o for v in offsets.values() for o in v}) == tasks * per_task
+    # every awaited offset is where that task's message is (shared jobs index correctly)
+    assert all(at[o] == b"%d:%d" % (i, j) for i, v in offsets.items() for j, o in enumerate(v))
 
 
 async def test_cancelled_enqueue_mid_batch(tmp_path: Path) -> None:

@@ -1,14 +1,18 @@
 """The benchmark suite: this project's cases, two baselines, and peer queues side by side.
 
     python -m benchmarks [--quick] [--only NAME ...] [--json FILE] [--md FILE] [--plot FILE.png]
-                         [--reps N] [--dir DIR] [--no-peers]
+                         [--reps N] [--dir DIR] [--no-peers] [--list]
 
 32-byte payloads unless a case says otherwise; every case runs once as a warm-up, then
 ``--reps`` times (3 by default), and reports the median, lowest and highest value. Queues go
 to a temporary directory on a real disk (``--dir``; the default is the system temp directory,
 which must not be a tmpfs for the figures to mean anything). ``--quick`` takes under two
 minutes (CI smoke); the full run under fifteen. Peers come with ``pip install '.[bench]'``;
-missing ones are skipped with a note.
+missing ones are skipped with a note. ``--list`` prints the selected case names and exits.
+
+Cases: ``_k7`` (single calls: enqueue, poll, round trips, 64 KiB, baselines), ``_scenarios``
+(four groups, sustained runs in one and two processes, peak RSS), ``_async`` (k7async
+bridges), ``_peers``.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import time
 from datetime import date
 from pathlib import Path
 
-from . import _k7, _peers
+from . import _async, _k7, _peers, _scenarios
 from ._harness import (
+    Case,
     Record,
     Skipped,
     console_table,
@@ -50,6 +55,23 @@ def _fs_type(path: Path) -> str:
     return fstype
 
 
+GROUP_ORDER = {"k7": 0, "baseline": 1, "peer": 2}
+
+
+def build_cases(quick: bool, peers: bool) -> tuple[list[Case], list[Skipped]]:
+    """Every case of a quick or full run: k7 first, then baselines, then peers, then the
+    cases marked ``late`` (the peak-RSS case, which writes gigabytes)."""
+    cases = _k7.cases(_k7.QUICK if quick else _k7.FULL)
+    cases += _scenarios.cases(_scenarios.QUICK if quick else _scenarios.FULL)
+    cases += _async.cases(_async.QUICK if quick else _async.FULL)
+    skipped: list[Skipped] = []
+    if peers:
+        peer_cases, skipped = _peers.cases(*((1_000, 100) if quick else (5_000, 500)))
+        cases += peer_cases
+    cases.sort(key=lambda c: (c.late, GROUP_ORDER.get(c.group, len(GROUP_ORDER))))
+    return cases, skipped
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small counts (< ~2 min, CI smoke)")
@@ -61,21 +83,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="measured repetitions (>= 3)")
     ap.add_argument("--dir", type=Path, default=None, help="where queues go (a real disk)")
     ap.add_argument("--no-peers", action="store_true", help="skip the peer queues")
+    ap.add_argument("--list", action="store_true", help="print the selected case names, exit")
     args = ap.parse_args(argv)
     if args.reps < 3:
         ap.error("--reps must be at least 3")
 
-    sizes = _k7.QUICK if args.quick else _k7.FULL
-    cases = _k7.cases(sizes)
-    skipped: list[Skipped] = []
-    if not args.no_peers:
-        peer_cases, skipped = _peers.cases(*((1_000, 100) if args.quick else (5_000, 500)))
-        cases += peer_cases
+    cases, skipped = build_cases(args.quick, not args.no_peers)
     selected = list(iter_selected(cases, args.only))
     skipped = [s for s in skipped if not args.only or any(o.lower() in s.name.lower()
                                                             for o in args.only)]
     if not selected:
         ap.error(f"no case matches --only {args.only}")
+    if args.list:
+        print("\n".join(c.name for c in selected))
+        return 0
 
     root = Path(tempfile.mkdtemp(prefix="k7-bench-", dir=args.dir))
     fstype = _fs_type(root)

@@ -32,6 +32,7 @@ class Case:
     group: str  # "k7", "baseline" or "peer"
     setup: Setup
     params: dict[str, Any] = field(default_factory=dict)
+    late: bool = False  # run after every other case (it leaves the disk or page cache busy)
 
 
 @dataclass

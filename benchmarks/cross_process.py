@@ -1,73 +1,51 @@
 """Cross-process end-to-end latency: a writer process enqueues timestamps, a ``readonly``
 reader in this process polls with a timeout (asleep on the futex) and measures receipt delay.
 
-    python -m benchmarks.cross_process [--messages N] [--fsync flush|async|sync]
+    python -m benchmarks.cross_process [--messages N] [--interval SECONDS] [--fsync MODE]
+                                       [--cursor-fsync MODE] [--dir DIR]
+
+A thin wrapper around the suite's two-process cases (``benchmarks/_scenarios.py``), which
+``python -m benchmarks --only "two processes"`` runs with medians over repetitions.
+``--interval 0`` lets the writer enqueue as fast as it can (the latency is then mostly the
+backlog's).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
-import struct
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-import k7core
-
-WRITER = """
-import struct, sys, time, k7core
-path, n, fsync = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-with k7core.Queue(path, fsync=fsync, segment_size=64 << 20) as q:
-    print("ready", flush=True)
-    sys.stdin.readline()
-    for _ in range(n):
-        q.enqueue(struct.pack("<q", time.monotonic_ns()))
-        time.sleep(0.0005)
-    q.enqueue(b"")
-"""
+from ._scenarios import cross_process
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.cross_process")
     ap.add_argument("--messages", type=int, default=2000)
+    ap.add_argument("--interval", type=float, default=0.0005,
+                    help="seconds between two messages (0: unpaced)")
     ap.add_argument("--fsync", default="flush", choices=["flush", "async", "sync"])
+    ap.add_argument("--cursor-fsync", default="async", choices=["flush", "async", "sync"])
+    ap.add_argument("--dir", type=Path, default=None, help="where the queue goes")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="k7-xproc-") as tmp:
-        path = Path(tmp) / "q"
-        child = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(path), str(args.messages), args.fsync],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        )
-        assert child.stdout is not None and child.stdin is not None
-        assert child.stdout.readline().strip() == b"ready"
-        lat: list[int] = []
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        with k7core.Queue(path, readonly=True) as q, q.consumer_group("lat") as cg:
-            child.stdin.write(b"go\n")
-            child.stdin.flush()
-            done = False
-            while not done:
-                for m in cg.poll(max_batch=256, timeout=1.0):
-                    now = time.monotonic_ns()
-                    if len(m.payload) == 0:
-                        done = True
-                        break
-                    lat.append(now - struct.unpack("<q", m.payload)[0])
-                    cg.ack(m)
-        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-        child.wait()
-    lat.sort()
+    tmp = Path(tempfile.mkdtemp(prefix="k7-xproc-", dir=args.dir))
+    try:
+        r = cross_process(tmp / "q", args.messages, args.interval, args.fsync,
+                          cursor_fsync=args.cursor_fsync)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    lat: list[float] = r["latencies"]
 
     def p(q: float) -> float:
-        return lat[min(len(lat) - 1, int(q * len(lat)))] / 1000
+        return lat[min(len(lat) - 1, int(q * len(lat)))]
 
     print(
-        f"fsync={args.fsync} messages={len(lat)} latency p50={p(0.5):.1f} us "
-        f"p99={p(0.99):.1f} us max={lat[-1] / 1000:.1f} us mean={statistics.mean(lat) / 1000:.1f}"
-        f" us; reader CPU {cpu:.2f} s over {wall:.2f} s wall"
+        f"fsync={args.fsync} cursor_fsync={args.cursor_fsync} messages={len(lat)} "
+        f"latency p50={p(0.5):.1f} us p99={p(0.99):.1f} us max={lat[-1]:.1f} us "
+        f"mean={statistics.mean(lat):.1f} us; {len(lat) / r['wall']:,.0f} msg/s; "
+        f"reader CPU {r['cpu']:.2f} s over {r['wall']:.2f} s wall"
     )
 
 

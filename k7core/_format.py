@@ -17,6 +17,8 @@ CURSOR_PREFIX = "cursor-"
 # Files this project adds; k7 (JVM) ignores them: not seg-*.k7, not cursor-*.k7.
 WRITER_LOCK = "k7py-writer.lock"
 POSITION_FILE = "k7py-position"
+SPARE_SEGMENT = "k7py-spare.seg"  # the next segment, being prepared (not a segment yet)
+SPARE_MIN_SIZE = 4 << 20  # smaller segments are created in place: that is cheap enough
 MAX_GROUP_NAME_BYTES = 200
 
 

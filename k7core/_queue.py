@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import contextlib
 import logging
 import os
 import threading
@@ -27,6 +28,8 @@ from ._format import (
     MAX_PAYLOAD,
     POSITION_FILE,
     POSITION_FILE_SIZE,
+    SPARE_MIN_SIZE,
+    SPARE_SEGMENT,
     WRITER_LOCK,
     Fsync,
     frame_size,
@@ -39,6 +42,7 @@ from ._reader import Reader
 from ._resource import Resource
 from ._storage import (
     Mapping,
+    SpareSegment,
     create_segment,
     data_regions,
     list_segments,
@@ -137,11 +141,15 @@ class _Resources:
         self.pos_map: Mapping | None = None
         self.seg_map: Mapping | None = None
         self.flusher: _Flusher | None = None
+        self.spare: SpareSegment | None = None
 
     def release(self) -> None:
         if self.flusher is not None:
             self.flusher.stop()
             self.flusher = None
+        if self.spare is not None:
+            self.spare.discard()
+            self.spare = None
         for m in (self.seg_map, self.pos_map):
             if m is not None:
                 m.close()
@@ -301,6 +309,16 @@ class Queue(Resource):
             fl = self._flusher()
             w.bell = fl.bell
             fl.set_writer(w)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path / SPARE_SEGMENT)  # one left by a crash
+        self._prepare_spare()
+
+    def _prepare_spare(self) -> None:
+        if self.segment_size >= SPARE_MIN_SIZE:
+            self._r.spare = SpareSegment(
+                self.path / SPARE_SEGMENT, self.segment_size,
+                durable=self.fsync is not Fsync.FLUSH,
+            )
 
     def _cut_tail(self, m: Mapping, base: int, end: int) -> None:
         """Save and zero whatever follows the last valid frame, so it can never reappear."""
@@ -478,10 +496,14 @@ class Queue(Resource):
             with self._flusher_lock():
                 if lib.k7_writer_sync(w):
                     self._raise_eio()
-        path = create_segment(self.path, new_base, self.segment_size, durable=durable)
-        m = map_file(path, writable=True)
-        assert m is not None
-        m.prefetch()
+        spare, self._r.spare = self._r.spare, None
+        m = spare.take(self.path / segment_name(new_base)) if spare is not None else None
+        if m is None:
+            path = create_segment(self.path, new_base, self.segment_size, durable=durable)
+            m = map_file(path, writable=True)
+            assert m is not None
+            m.prefetch()
+        self._prepare_spare()
         with self._flusher_lock():
             w.seg, w.cap, w.base = m.ptr, m.size, new_base
             w.pos = w.written = w.synced = 0

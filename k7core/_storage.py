@@ -7,6 +7,7 @@ import errno
 import fcntl
 import mmap
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,74 @@ def create_segment(directory: Path, base: int, size: int, *, durable: bool) -> P
     if durable:
         fsync_dir(directory)
     return path
+
+
+class SpareSegment:
+    """The next segment, prepared by a background thread while the current one fills:
+    created under a temporary name, preallocated, fsynced (``durable``), mapped and
+    prefetched. A roll then only renames it (:meth:`take`), off the hot path of writes.
+
+    A spare left by a crash is an all-zero file that no segment listing matches; the next
+    writer replaces it.
+    """
+
+    def __init__(self, path: Path, size: int, *, durable: bool) -> None:
+        self.path = path
+        self._size = size
+        self._durable = durable
+        self._map: Mapping | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._prepare, name=f"k7-spare-{path.parent.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _prepare(self) -> None:
+        try:
+            fd = open_fd(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+            try:
+                preallocate(fd, self._size, self.path)
+                if self._durable:
+                    os.fsync(fd)
+                m = Mapping(fd, self._size, writable=True)
+            finally:
+                os.close(fd)
+            m.prefetch()
+            self._map = m
+        except BaseException as exc:  # reported by take(): the roll then creates in place
+            self._error = exc
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def take(self, dest: Path) -> Mapping | None:
+        """Rename the prepared file to ``dest`` and return its mapping; None if preparing
+        it failed (the caller creates the segment itself)."""
+        self._join()
+        m, self._map = self._map, None
+        if m is None:
+            self.discard()
+            return None
+        try:
+            os.rename(self.path, dest)
+            if self._durable:
+                fsync_dir(dest.parent)
+        except OSError:
+            m.close()
+            self.discard()
+            return None
+        return m
+
+    def discard(self) -> None:
+        """Join the thread, unmap and delete the spare. Idempotent."""
+        self._join()
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
 
 def map_file(path: Path, *, writable: bool) -> Mapping | None:

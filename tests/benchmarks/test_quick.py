@@ -1,6 +1,7 @@
-"""Smoke test of the benchmark suite: one fast case in --quick mode writes well-formed JSON.
+"""Smoke tests of the benchmark suite in --quick mode: well-formed JSON and Markdown, and
+every case of the suite produces its records.
 
-It checks the shape of the records only, never a speed.
+They check the shape of the records only, never a speed.
 """
 
 from __future__ import annotations
@@ -9,28 +10,61 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"name", "unit", "value", "min", "max", "params"}
+UNITS = {"msg/s", "us", "MB/s", "MB", "GB", "cpu/wall", "msg/msync"}
+
+
+def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def _check_shape(records: list[dict[str, Any]]) -> None:
+    for r in records:
+        assert set(r) >= KEYS, r
+        assert isinstance(r["params"], dict)
+        assert r["unit"] in UNITS, r
+        assert r["min"] <= r["value"] <= r["max"], r
+        assert r["min"] > 0 or (r["unit"] == "MB" and r["min"] == 0), r  # an RSS growth may be 0
 
 
 def test_quick_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     md = tmp_path / "bench.md"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--only", "enqueue_many(1000) [flush]",
-         "--only", "round-trip [flush]", "--json", str(out), "--md", str(md)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = _bench("--only", "enqueue_many(1000) [flush]", "--only", "round-trip [flush]",
+                  "--json", str(out), "--md", str(md), timeout=120)
     records = json.loads(out.read_text())
     names = {r["name"] for r in records}
     assert "k7 enqueue_many(1000) [flush]" in names
     assert {"k7 round-trip [flush] p50", "k7 round-trip [flush] p99"} <= names
-    for r in records:
-        assert set(r) >= KEYS, r
-        assert isinstance(r["params"], dict)
-        assert r["unit"] in {"msg/s", "us", "MB/s"}
-        assert 0 < r["min"] <= r["value"] <= r["max"], r
+    _check_shape(records)
     assert "enqueue_many(1000) [flush]" in md.read_text()
     assert "enqueue_many(1000) [flush]" in proc.stdout
+
+
+def test_quick_every_case_runs(tmp_path: Path) -> None:
+    """The whole --quick suite without peers (about 15 s): each case yields records named
+    after it (the case name itself, or the case name, a space and a suffix)."""
+    cases = _bench("--no-peers", "--list", timeout=60).stdout.splitlines()
+    assert len(cases) >= 30
+    assert len(set(cases)) == len(cases), "two cases share a name"
+    for expected in ("four groups", "sustained one process", "two processes (readonly), unpaced",
+                     "two processes (readonly), paced", "peak RSS", "k7async producer_channel",
+                     "k7async consumer channel", "k7async awaited enqueue [sync]"):
+        assert any(expected in c for c in cases), expected
+    out = tmp_path / "bench.json"
+    _bench("--no-peers", "--json", str(out), timeout=300)
+    records = json.loads(out.read_text())
+    _check_shape(records)
+    names = [r["name"] for r in records]
+    for case in cases:
+        assert any(n == case or n.startswith(case + " ") for n in names), f"{case}: no record"
+    claimed = {n for n in names if any(n == c or n.startswith(c + " ") for c in cases)}
+    assert claimed == set(names), set(names) - claimed

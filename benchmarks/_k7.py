@@ -107,6 +107,38 @@ def _poll_cases(n: int) -> list[Case]:
     return cases
 
 
+def _poll_ack_many_cases(n: int) -> list[Case]:
+    """poll + one ``ack_many`` per batch (cumulative acks), cursor "async" and "sync"."""
+    cases = []
+    for b, cursor in ((64, "async"), (1024, "async"), (64, "sync"), (1024, "sync")):
+        name = f"k7 poll+ack_many max_batch={b} [cursor {cursor}]"
+
+        @contextmanager
+        def setup(root: Path, b: int = b, cursor: str = cursor, name: str = name
+                  ) -> Iterator[Run]:
+            with k7core.Queue(root / f"pollm-{b}-{cursor}", fsync="flush",
+                              segment_size=SEGMENT) as q:
+                q.enqueue_many([PAYLOAD] * n)
+                with q.consumer_group("bench", cursor_fsync=cursor) as cg:
+
+                    def body() -> None:
+                        poll, ack_many, got = cg.poll, cg.ack_many, 0
+                        while got < n:
+                            msgs = poll(b, 0)
+                            ack_many(msgs)
+                            got += len(msgs)
+
+                    def run() -> Samples:
+                        cg.seek(0)
+                        return {name: ("msg/s", rate(n, body))}
+
+                    yield run
+
+        cases.append(Case(name, "k7", setup, {"payload": 32, "messages": n, "max_batch": b,
+                                              "cursor_fsync": cursor}))
+    return cases
+
+
 def _read_columnar_case(n: int) -> Case:
     name = "k7 read_columnar(65536)"
 
@@ -258,6 +290,7 @@ def cases(s: Sizes) -> list[Case]:
     out += _enqueue_cases("sync", s.sync)
     out.append(_read_columnar_case(s.poll))
     out += _poll_cases(s.poll)
+    out += _poll_ack_many_cases(s.poll)
     out.append(_latency_case("flush", s.latency))
     out.append(_latency_case("sync", s.latency_sync))
     out += _big_cases(s.big)

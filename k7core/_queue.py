@@ -42,6 +42,7 @@ from ._reader import Reader
 from ._resource import Resource
 from ._storage import (
     Mapping,
+    Prefault,
     SpareSegment,
     create_segment,
     data_regions,
@@ -142,11 +143,15 @@ class _Resources:
         self.seg_map: Mapping | None = None
         self.flusher: _Flusher | None = None
         self.spare: SpareSegment | None = None
+        self.prefault: Prefault | None = None
 
     def release(self) -> None:
         if self.flusher is not None:
             self.flusher.stop()
             self.flusher = None
+        if self.prefault is not None:
+            self.prefault.join()
+            self.prefault = None
         if self.spare is not None:
             self.spare.discard()
             self.spare = None
@@ -311,6 +316,8 @@ class Queue(Resource):
             fl.set_writer(w)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path / SPARE_SEGMENT)  # one left by a crash
+        if self.segment_size >= SPARE_MIN_SIZE:
+            self._r.prefault = Prefault(m, end)
         self._prepare_spare()
 
     def _prepare_spare(self) -> None:
@@ -508,6 +515,9 @@ class Queue(Resource):
             w.seg, w.cap, w.base = m.ptr, m.size, new_base
             w.pos = w.written = w.synced = 0
             old, self._r.seg_map = self._r.seg_map, m
+        if self._r.prefault is not None:  # still faulting the segment just sealed
+            self._r.prefault.join()
+            self._r.prefault = None
         if old is not None:
             old.close()
         self._bases.append(new_base)

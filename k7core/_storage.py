@@ -13,7 +13,7 @@ from typing import Any
 
 from ._errors import StorageError
 from ._format import SEGMENT_RE, segment_name
-from ._kernel import ffi
+from ._kernel import ffi, lib
 
 
 class Mapping:
@@ -147,6 +147,29 @@ def create_segment(directory: Path, base: int, size: int, *, durable: bool) -> P
     return path
 
 
+class Prefault:
+    """Fault the pages of a writable mapping from ``start`` on in a background thread (the
+    segment a writer opens with). Safe beside the writer: it changes no byte. Join it before
+    the mapping is closed."""
+
+    def __init__(self, m: Mapping, start: int) -> None:
+        page = mmap.PAGESIZE
+        start -= start % page
+        self._thread: threading.Thread | None = None
+        if start >= m.size:
+            return
+        self._thread = threading.Thread(
+            target=lib.k7_prefault, args=(m.ptr + start, m.size - start),
+            name="k7-prefault", daemon=True,
+        )
+        self._thread.start()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
 class SpareSegment:
     """The next segment, prepared by a background thread while the current one fills:
     created under a temporary name, preallocated, fsynced (``durable``), mapped and
@@ -177,7 +200,10 @@ class SpareSegment:
                 m = Mapping(fd, self._size, writable=True)
             finally:
                 os.close(fd)
-            m.prefetch()
+            # Fault every page in now (the writer's first touch of a page costs microseconds
+            # on a shared file mapping); older kernels get the readahead hint only.
+            if lib.k7_prefault(m.ptr, m.size):
+                m.prefetch()
             self._map = m
         except BaseException as exc:  # reported by take(): the roll then creates in place
             self._error = exc

@@ -295,6 +295,17 @@ int k7_msync(uint8_t *addr, int64_t start, int64_t end) {
     return 0;
 }
 
+int k7_prefault(uint8_t *addr, int64_t len) {
+#ifdef MADV_POPULATE_WRITE
+    /* Faults every page in writable without changing its bytes (Linux >= 5.14). */
+    return madvise(addr, (size_t)len, MADV_POPULATE_WRITE) == 0 ? 0 : errno;
+#else
+    (void)addr;
+    (void)len;
+    return ENOSYS;
+#endif
+}
+
 /* ------------------------------------------------------------------ writer */
 
 static inline int64_t finish(k7_writer *w, int64_t start) {

@@ -42,7 +42,6 @@ from ._reader import Reader
 from ._resource import Resource
 from ._storage import (
     Mapping,
-    Prefault,
     SpareSegment,
     create_segment,
     data_regions,
@@ -143,15 +142,11 @@ class _Resources:
         self.seg_map: Mapping | None = None
         self.flusher: _Flusher | None = None
         self.spare: SpareSegment | None = None
-        self.prefault: Prefault | None = None
 
     def release(self) -> None:
         if self.flusher is not None:
             self.flusher.stop()
             self.flusher = None
-        if self.prefault is not None:
-            self.prefault.join()
-            self.prefault = None
         if self.spare is not None:
             self.spare.discard()
             self.spare = None
@@ -316,15 +311,16 @@ class Queue(Resource):
             fl.set_writer(w)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path / SPARE_SEGMENT)  # one left by a crash
-        if self.segment_size >= SPARE_MIN_SIZE:
-            self._r.prefault = Prefault(m, end)
-        self._prepare_spare()
+        self._prepare_spare(prefault=False)
 
-    def _prepare_spare(self) -> None:
+    def _prepare_spare(self, *, prefault: bool = True) -> None:
+        """Start preparing the next segment. Pre-faulting dirties its pages (the kernel may
+        write those zeros back before the data), so only a writer that has filled a segment
+        since it opened, and so will likely fill the next one, gets it."""
         if self.segment_size >= SPARE_MIN_SIZE:
             self._r.spare = SpareSegment(
                 self.path / SPARE_SEGMENT, self.segment_size,
-                durable=self.fsync is not Fsync.FLUSH,
+                durable=self.fsync is not Fsync.FLUSH, prefault=prefault,
             )
 
     def _cut_tail(self, m: Mapping, base: int, end: int) -> None:
@@ -515,9 +511,6 @@ class Queue(Resource):
             w.seg, w.cap, w.base = m.ptr, m.size, new_base
             w.pos = w.written = w.synced = 0
             old, self._r.seg_map = self._r.seg_map, m
-        if self._r.prefault is not None:  # still faulting the segment just sealed
-            self._r.prefault.join()
-            self._r.prefault = None
         if old is not None:
             old.close()
         self._bases.append(new_base)

@@ -147,27 +147,7 @@ def create_segment(directory: Path, base: int, size: int, *, durable: bool) -> P
     return path
 
 
-class Prefault:
-    """Fault the pages of a writable mapping from ``start`` on in a background thread (the
-    segment a writer opens with). Safe beside the writer: it changes no byte. Join it before
-    the mapping is closed."""
-
-    def __init__(self, m: Mapping, start: int) -> None:
-        page = mmap.PAGESIZE
-        start -= start % page
-        self._thread: threading.Thread | None = None
-        if start >= m.size:
-            return
-        self._thread = threading.Thread(
-            target=lib.k7_prefault, args=(m.ptr + start, m.size - start),
-            name="k7-prefault", daemon=True,
-        )
-        self._thread.start()
-
-    def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+PREFAULT_CHUNK = 4 << 20
 
 
 class SpareSegment:
@@ -179,10 +159,11 @@ class SpareSegment:
     writer replaces it.
     """
 
-    def __init__(self, path: Path, size: int, *, durable: bool) -> None:
+    def __init__(self, path: Path, size: int, *, durable: bool, prefault: bool) -> None:
         self.path = path
         self._size = size
         self._durable = durable
+        self._prefault = prefault
         self._map: Mapping | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = threading.Thread(
@@ -200,11 +181,16 @@ class SpareSegment:
                 m = Mapping(fd, self._size, writable=True)
             finally:
                 os.close(fd)
-            # Fault every page in now (the writer's first touch of a page costs microseconds
-            # on a shared file mapping); older kernels get the readahead hint only.
-            if lib.k7_prefault(m.ptr, m.size):
-                m.prefetch()
             self._map = m
+            m.prefetch()
+            if self._prefault:
+                # Fault every page in now: a writer's first touch of a page of a shared file
+                # mapping costs microseconds. In chunks, so that the process's memory-map
+                # lock is free in between (other threads map segments too). Older kernels
+                # (no MADV_POPULATE_WRITE) keep the readahead hint only.
+                for off in range(0, m.size, PREFAULT_CHUNK):
+                    if lib.k7_prefault(m.ptr + off, min(PREFAULT_CHUNK, m.size - off)):
+                        break
         except BaseException as exc:  # reported by take(): the roll then creates in place
             self._error = exc
 

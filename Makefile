@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv example test lint kernel clean
+.PHONY: venv example test lint bench bench-quick kernel clean
 
 venv:
 	python3 -m venv $(VENV) && $(VENV)/bin/pip install -q -e '.[test]'
@@ -16,8 +16,15 @@ lint:
 	$(PY) -m mypy
 	$(PY) -m ruff check k7core k7async tests examples benchmarks
 
+bench: venv
+	$(VENV)/bin/pip install -q -e '.[bench]'
+	$(PY) -m benchmarks --json bench.json --md bench.md --plot bench.png
+
+bench-quick: venv
+	$(PY) -m benchmarks --quick --no-peers
+
 kernel:
 	$(PY) setup.py -q build_ext --inplace
 
 clean:
-	rm -rf build *.egg-info k7core/_native/_k7*.so k7core/_native/_k7.c
+	rm -rf build *.egg-info k7core/_native/_k7*.so k7core/_native/_fast*.so k7core/_native/_k7.c

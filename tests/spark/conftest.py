@@ -1,0 +1,50 @@
+"""One local SparkSession for the Spark tests (``pytest -m spark`` runs them alone)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the spark extra is not installed")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["TZ"] = "UTC"
+    from pyspark.sql import SparkSession
+
+    from k7core.spark import K7DataSource
+
+    warehouse = tempfile.mkdtemp(prefix="k7-spark-warehouse-")
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("k7core-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.warehouse.dir", warehouse)
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(K7DataSource)
+    try:
+        yield session
+    finally:
+        for q in session.streams.active:
+            q.stop()
+        session.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/spark" in str(item.fspath):
+            item.add_marker(pytest.mark.spark)

@@ -5,30 +5,39 @@ Needs the ``spark`` extra (``pip install 'k7core[spark]'``: pyspark >= 4.0 and p
 Every method runs in a Python worker process that Spark starts, never in the user's process,
 so the queue is opened ``readonly=True`` there (a live writer elsewhere is fine).
 
-Status: batch read. Streaming read, batch and streaming write are not built yet.
+Status: batch read and batch write. Streaming read and write are not built yet.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import os
+import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import StructType
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, StringType, StructType
 
 from .. import Queue
-from .._errors import K7Error, NotAQueueError
+from .._errors import K7Error, NotAQueueError, QueueLockedError
 from .._format import check_group_name, cursor_name
 from .._queue import ColumnarBatch
 from .._storage import list_segments
 
-__all__ = ["K7DataSource", "K7Partition"]
+__all__ = ["STAGING_DIR", "K7DataSource", "K7OptionError", "K7Partition", "K7StagedRows"]
 
 DEFAULT_SCHEMA = "offset BIGINT, payload BINARY"
 VALUE_SCHEMA = "offset BIGINT, payload BINARY, value STRING"
@@ -85,6 +94,10 @@ class K7DataSource(DataSource):
       per segment);
     - ``includeValue``: ``true`` adds a ``value`` STRING column (the payload decoded as UTF-8,
       invalid bytes replaced).
+
+    Writing (``df.write.format("k7").mode("append").save(path)``) takes a ``payload`` BINARY
+    or a ``value`` STRING column (UTF-8 encoded); ``lockTimeout`` (seconds, default 10) bounds
+    the wait for the queue's writer lock at commit.
     """
 
     @classmethod
@@ -96,6 +109,9 @@ class K7DataSource(DataSource):
 
     def reader(self, schema: StructType) -> K7BatchReader:
         return K7BatchReader(_lower(self.options), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> K7BatchWriter:
+        return K7BatchWriter(_lower(self.options), schema, overwrite)
 
 
 def _lower(options: Any) -> dict[str, str]:
@@ -232,3 +248,120 @@ def _utf8(payload: pa.Array) -> pa.Array:
         return pa.array(
             [bytes(v).decode("utf-8", "replace") for v in payload.to_pylist()], pa.string()
         )
+
+
+# ---------------------------------------------------------------------- batch write
+
+STAGING_DIR = "k7py-staging"
+
+
+@dataclass(frozen=True)
+class K7StagedRows(WriterCommitMessage):
+    """What one write task staged: an Arrow IPC stream file of payloads, and its row count."""
+
+    file: str
+    rows: int
+
+
+class K7BatchWriter(DataSourceArrowWriter):
+    """All-or-nothing append: tasks stage their rows next to the queue; the driver-side
+    ``commit`` appends every staged file under the queue's writer lock and msyncs once;
+    ``abort`` deletes the staged files and leaves the queue untouched."""
+
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
+        if overwrite:
+            raise K7OptionError(
+                "the k7 sink only appends: use mode('append') (a queue is never overwritten)"
+            )
+        path = options.get("path")
+        if not path:
+            raise K7OptionError("the k7 sink needs a path: save(path) or option('path', ...)")
+        self.path = os.path.abspath(path)
+        fields = {f.name: f.dataType for f in schema.fields}
+        if isinstance(fields.get("payload"), BinaryType):
+            self.column, self.is_string = "payload", False
+        elif isinstance(fields.get("value"), StringType):
+            self.column, self.is_string = "value", True
+        else:
+            found = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in schema.fields)
+            raise K7OptionError(
+                f"the k7 sink needs a 'payload' BINARY or a 'value' STRING column; "
+                f"the DataFrame has: {found or 'no columns'}"
+            )
+        try:
+            self.lock_timeout = float(options.get("locktimeout", "10"))
+        except ValueError:
+            raise K7OptionError("option lockTimeout must be seconds (a number)") from None
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> K7StagedRows:
+        import pyarrow.ipc as ipc
+
+        stage = Path(self.path) / STAGING_DIR
+        stage.mkdir(parents=True, exist_ok=True)
+        file = stage / f"{uuid.uuid4().hex}.arrow"
+        rows = 0
+        schema = pa.schema([pa.field("payload", pa.binary())])
+        with pa.OSFile(str(file), "wb") as sink, ipc.new_stream(sink, schema) as out:
+            for batch in iterator:
+                col = batch.column(self.column)
+                if col.null_count:
+                    raise K7Error(
+                        f"the k7 sink got a null {self.column} (a message must have bytes)",
+                        path=Path(self.path),
+                    )
+                if self.is_string:
+                    col = col.cast(pa.binary())
+                out.write_batch(pa.RecordBatch.from_arrays([col], schema=schema))
+                rows += len(col)
+        return K7StagedRows(str(file), rows)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        import pyarrow.ipc as ipc
+
+        staged = [m for m in messages if isinstance(m, K7StagedRows)]
+        try:
+            with self._open_writer() as q:
+                for m in staged:
+                    with pa.memory_map(m.file) as src:
+                        for batch in ipc.open_stream(src):
+                            _append_binary(q, batch.column(0))
+                q.sync()
+        finally:
+            self._remove(staged)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._remove([m for m in messages if isinstance(m, K7StagedRows)])
+
+    def _open_writer(self) -> Queue:
+        deadline = time.monotonic() + self.lock_timeout
+        delay = 0.01
+        while True:
+            try:
+                return Queue(self.path, fsync="flush")
+            except QueueLockedError:
+                if time.monotonic() >= deadline:
+                    raise QueueLockedError(
+                        f"queue {self.path} stayed locked by another writer for "
+                        f"{self.lock_timeout} s; nothing was appended",
+                        path=Path(self.path),
+                        hint="close the other writer, or raise the lockTimeout option",
+                    ) from None
+                time.sleep(delay)  # another process holds the lock: nothing to wait on here
+                delay = min(delay * 2, 0.5)
+
+    @staticmethod
+    def _remove(staged: list[K7StagedRows]) -> None:
+        for m in staged:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(m.file)
+
+
+def _append_binary(q: Queue, col: pa.Array) -> None:
+    """Append an Arrow binary column as it is: its data buffer and int32 offsets."""
+    n = len(col)
+    if not n:
+        return
+    buffers = col.buffers()
+    offsets = memoryview(buffers[1]).cast("i")[col.offset : col.offset + n + 1]
+    data = buffers[2] if buffers[2] is not None else b""
+    q.enqueue_columnar(memoryview(data), offsets)

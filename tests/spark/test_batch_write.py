@@ -1,0 +1,82 @@
+"""Batch writes through a real local SparkSession: all-or-nothing appends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import k7core
+from k7core.spark import STAGING_DIR
+
+pytestmark = pytest.mark.spark
+
+
+def read_all(path: Path) -> list[bytes]:
+    with k7core.Queue(path, readonly=True) as q:
+        out: list[bytes] = []
+        pos = 0
+        while True:
+            batch = q.read_columnar(pos, 65536)
+            if not len(batch):
+                return out
+            out += [bytes(batch.payload(i)) for i in range(len(batch))]
+            pos = batch.next
+
+
+def staged(path: Path) -> list[Path]:
+    return list((path / STAGING_DIR).glob("*")) if (path / STAGING_DIR).exists() else []
+
+
+def test_append_payload_and_value_columns(spark: Any, tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    with k7core.Queue(path) as q:
+        q.enqueue(b"already there")
+    rows = [(b"p%d" % i,) for i in range(1000)]
+    spark.createDataFrame(rows, "payload BINARY").repartition(3).write.format("k7").mode(
+        "append"
+    ).save(str(path))
+    spark.createDataFrame([("é",), ("",)], "value STRING").write.format("k7").mode(
+        "append"
+    ).save(str(path))
+    got = read_all(path)
+    assert got[0] == b"already there"
+    assert sorted(got[1:1001]) == sorted(r[0] for r in rows)
+    assert sorted(got[1001:]) == sorted(["é".encode(), b""])
+    assert staged(path) == []
+
+
+def test_failed_job_leaves_the_queue_untouched(spark: Any, tmp_path: Path) -> None:
+    from pyspark.sql.functions import udf
+
+    path = tmp_path / "q"
+    with k7core.Queue(path) as q:
+        q.enqueue(b"before")
+
+    @udf("binary", useArrow=False)
+    def explode_on_77(x: int) -> bytes:
+        if x == 77:
+            raise RuntimeError("task failure on purpose")
+        return b"%d" % x
+
+    df = spark.range(200).repartition(4).select(explode_on_77("id").alias("payload"))
+    with pytest.raises(Exception, match="task failure on purpose"):
+        df.write.format("k7").mode("append").save(str(path))
+    assert read_all(path) == [b"before"]
+    assert staged(path) == []
+
+
+def test_clear_errors(spark: Any, tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    df = spark.createDataFrame([(1,)], "n INT")
+    with pytest.raises(Exception, match="'payload' BINARY or a 'value' STRING"):
+        df.write.format("k7").mode("append").save(str(path))
+    ok = spark.createDataFrame([(b"x",)], "payload BINARY")
+    with pytest.raises(Exception, match="only appends"):
+        ok.write.format("k7").mode("overwrite").save(str(path))
+    with k7core.Queue(path):  # this process holds the writer lock
+        with pytest.raises(Exception, match="stayed locked by another writer"):
+            ok.write.format("k7").mode("append").option("lockTimeout", "0.3").save(str(path))
+    assert read_all(path) == []
+    assert staged(path) == []

@@ -75,8 +75,8 @@ def test_clear_errors(spark: Any, tmp_path: Path) -> None:
     ok = spark.createDataFrame([(b"x",)], "payload BINARY")
     with pytest.raises(Exception, match="only appends"):
         ok.write.format("k7").mode("overwrite").save(str(path))
-    with k7core.Queue(path):  # this process holds the writer lock
-        with pytest.raises(Exception, match="stayed locked by another writer"):
-            ok.write.format("k7").mode("append").option("lockTimeout", "0.3").save(str(path))
+    # this process holds the writer lock while Spark's commit waits for it
+    with k7core.Queue(path), pytest.raises(Exception, match="stayed locked by another writer"):
+        ok.write.format("k7").mode("append").option("lockTimeout", "0.3").save(str(path))
     assert read_all(path) == []
     assert staged(path) == []

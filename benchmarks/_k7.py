@@ -78,66 +78,36 @@ def _enqueue_cases(fsync: str, n: int) -> list[Case]:
     return [make("single"), make("many"), make("columnar")]
 
 
-def _poll_cases(n: int) -> list[Case]:
-    cases = []
-    for b in (1, 16, 64, 256, 1024):
-        name = f"k7 poll+ack max_batch={b}"
+def _poll_case(n: int, b: int, cursor: str, many: bool) -> Case:
+    """poll(b) + ack: one ``ack`` per message, or one ``ack_many`` per batch (``many``)."""
+    name = (f"k7 poll+ack_many max_batch={b} [cursor {cursor}]" if many
+            else f"k7 poll+ack max_batch={b}")
 
-        @contextmanager
-        def setup(root: Path, b: int = b, name: str = name) -> Iterator[Run]:
-            with k7core.Queue(root / f"poll-{b}", fsync="flush", segment_size=SEGMENT) as q:
-                q.enqueue_many([PAYLOAD] * n)
-                with q.consumer_group("bench", cursor_fsync="async") as cg:
+    @contextmanager
+    def setup(root: Path) -> Iterator[Run]:
+        with k7core.Queue(root / "poll", fsync="flush", segment_size=SEGMENT) as q:
+            q.enqueue_many([PAYLOAD] * n)
+            with q.consumer_group("bench", cursor_fsync=cursor) as cg:
 
-                    def body() -> None:
-                        poll, ack, got = cg.poll, cg.ack, 0
-                        while got < n:
-                            msgs = poll(b, 0)
+                def body() -> None:
+                    poll, ack, ack_many, got = cg.poll, cg.ack, cg.ack_many, 0
+                    while got < n:
+                        msgs = poll(b, 0)
+                        if many:
+                            ack_many(msgs)
+                        else:
                             for m in msgs:
                                 ack(m)
-                            got += len(msgs)
+                        got += len(msgs)
 
-                    def run() -> Samples:
-                        cg.seek(0)
-                        return {name: ("msg/s", rate(n, body))}
+                def run() -> Samples:
+                    cg.seek(0)
+                    return {name: ("msg/s", rate(n, body))}
 
-                    yield run
+                yield run
 
-        cases.append(Case(name, "k7", setup, {"payload": 32, "messages": n, "max_batch": b,
-                                              "cursor_fsync": "async"}))
-    return cases
-
-
-def _poll_ack_many_cases(n: int) -> list[Case]:
-    """poll + one ``ack_many`` per batch (cumulative acks), cursor "async" and "sync"."""
-    cases = []
-    for b, cursor in ((64, "async"), (1024, "async"), (64, "sync"), (1024, "sync")):
-        name = f"k7 poll+ack_many max_batch={b} [cursor {cursor}]"
-
-        @contextmanager
-        def setup(root: Path, b: int = b, cursor: str = cursor, name: str = name
-                  ) -> Iterator[Run]:
-            with k7core.Queue(root / f"pollm-{b}-{cursor}", fsync="flush",
-                              segment_size=SEGMENT) as q:
-                q.enqueue_many([PAYLOAD] * n)
-                with q.consumer_group("bench", cursor_fsync=cursor) as cg:
-
-                    def body() -> None:
-                        poll, ack_many, got = cg.poll, cg.ack_many, 0
-                        while got < n:
-                            msgs = poll(b, 0)
-                            ack_many(msgs)
-                            got += len(msgs)
-
-                    def run() -> Samples:
-                        cg.seek(0)
-                        return {name: ("msg/s", rate(n, body))}
-
-                    yield run
-
-        cases.append(Case(name, "k7", setup, {"payload": 32, "messages": n, "max_batch": b,
-                                              "cursor_fsync": cursor}))
-    return cases
+    return Case(name, "k7", setup, {"payload": 32, "messages": n, "max_batch": b,
+                                    "cursor_fsync": cursor})
 
 
 def _read_columnar_case(n: int) -> Case:
@@ -293,8 +263,9 @@ def cases(s: Sizes) -> list[Case]:
     out += _enqueue_cases("async", s.enqueue)
     out += _enqueue_cases("sync", s.sync)
     out.append(_read_columnar_case(s.poll))
-    out += _poll_cases(s.poll)
-    out += _poll_ack_many_cases(s.poll)
+    out += [_poll_case(s.poll, b, "async", many=False) for b in (1, 16, 64, 256, 1024)]
+    out += [_poll_case(s.poll, b, cursor, many=True)
+            for cursor in ("async", "sync") for b in (64, 1024)]
     out.append(_latency_case("flush", s.latency))
     out.append(_latency_case("sync", s.latency_sync))
     out += _big_cases(s.big)

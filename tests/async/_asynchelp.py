@@ -44,17 +44,5 @@ class GatedQueue(k7core.Queue):
         return super().enqueue_many(items)
 
 
-def read_all(q: k7core.Queue) -> list[bytes]:
-    """Every payload of the queue, in order (call once nothing writes any more)."""
-    out: list[bytes] = []
-    offset = 0
-    while True:
-        batch = q.read_columnar(offset, 65536)
-        if not len(batch):
-            return out
-        out.extend(bytes(batch.payload(i)) for i in range(len(batch)))
-        offset = batch.next
-
-
 def k7async_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("k7async")]

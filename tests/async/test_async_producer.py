@@ -8,7 +8,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from _asynchelp import GatedQueue, k7async_threads, read_all
+from _asynchelp import GatedQueue, k7async_threads
+from _queuehelp import read_all
 
 import k7async
 import k7core

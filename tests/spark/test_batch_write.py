@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _queuehelp import read_all as read_queue
 
 import k7core
 from k7core.spark import STAGING_DIR
@@ -15,14 +16,7 @@ pytestmark = pytest.mark.spark
 
 def read_all(path: Path) -> list[bytes]:
     with k7core.Queue(path, readonly=True) as q:
-        out: list[bytes] = []
-        pos = 0
-        while True:
-            batch = q.read_columnar(pos, 65536)
-            if not len(batch):
-                return out
-            out += [bytes(batch.payload(i)) for i in range(len(batch))]
-            pos = batch.next
+        return read_queue(q)
 
 
 def staged(path: Path) -> list[Path]:

@@ -1,4 +1,5 @@
-"""This project's cases, and the two baselines (a bare mmap slice loop, msync per call)."""
+"""This project's cases, and the baselines (a bare mmap slice loop, one bulk copy, msync per
+call)."""
 
 from __future__ import annotations
 
@@ -223,6 +224,30 @@ def _mmap_loop_case(n: int) -> Case:
     return Case(name, "baseline", setup, {"payload": 32, "messages": n})
 
 
+def _bulk_copy_case(n: int) -> Case:
+    """The same ``n`` x 32 bytes as the slice loop, copied into a preallocated, pre-touched
+    mmap in one slice assignment: the memory bandwidth ceiling for the payload bytes."""
+    name = "baseline: one bulk copy of the same bytes into an mmap"
+
+    @contextmanager
+    def setup(root: Path) -> Iterator[Run]:
+        data = PAYLOAD * n
+        size = len(data)
+        path = root / "bulk-copy"
+        with open(path, "w+b") as f:
+            os.posix_fallocate(f.fileno(), 0, size)
+            m = mmap.mmap(f.fileno(), size)
+            try:
+                def body() -> None:
+                    m[0:size] = data
+
+                yield lambda: {name: ("msg/s", rate(n, body))}
+            finally:
+                m.close()
+
+    return Case(name, "baseline", setup, {"payload": 32, "messages": n})
+
+
 def _msync_case(n: int) -> Case:
     base = "baseline: write 32 B + msync per call"
 
@@ -270,5 +295,6 @@ def cases(s: Sizes) -> list[Case]:
     out.append(_latency_case("sync", s.latency_sync))
     out += _big_cases(s.big)
     out.append(_mmap_loop_case(s.enqueue))
+    out.append(_bulk_copy_case(s.enqueue))
     out.append(_msync_case(s.msync))
     return out

@@ -97,10 +97,11 @@ class Queuelib(Adapter):
 
 
 class DiskcacheDeque(Adapter):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, synchronous: int = 1) -> None:
         diskcache = importlib.import_module("diskcache")  # untyped package
 
-        self.q = diskcache.Deque(directory=str(path / "dc"))
+        # sqlite_synchronous: 1 = NORMAL (diskcache's default), 2 = FULL (fsync per commit)
+        self.q = diskcache.Deque(directory=str(path / "dc"), sqlite_synchronous=synchronous)
 
     def put(self, data: bytes) -> None:
         self.q.append(data)
@@ -141,16 +142,20 @@ PEERS = [
     Peer("sqlite3 WAL sync=FULL", "sqlite3", lambda p: SqliteWal(p, "FULL"), True,
          "stdlib; fsync per commit"),
     Peer("persist-queue SQLiteAckQueue", "persistqueue", PersistSqliteAck, False,
-         "auto_commit; pickled items"),
+         "durable (its only mode: synchronous FULL); auto_commit; pickled items"),
     Peer("persist-queue Queue (file)", "persistqueue", PersistFile, False,
-         "get + task_done; pickled items"),
+         "its only mode; get + task_done; pickled items"),
     Peer("queuelib FifoSQLiteQueue", "queuelib", lambda p: Queuelib(p, "FifoSQLiteQueue"),
-         False, "pop deletes: no ack"),
+         False, "durable (its only mode: rollback journal, FULL); pop deletes: no ack"),
     Peer("queuelib FifoDiskQueue (not crash-safe)", "queuelib",
          lambda p: Queuelib(p, "FifoDiskQueue"), False,
          "not crash-safe (state saved on close); pop = no ack"),
-    Peer("diskcache Deque", "diskcache", DiskcacheDeque, False, "popleft: no ack"),
-    Peer("litequeue", "litequeue", Litequeue, False, "str payloads; pop + done"),
+    Peer("diskcache Deque", "diskcache", DiskcacheDeque, False,
+         "default sqlite_synchronous=NORMAL; popleft: no ack"),
+    Peer("diskcache Deque sync=FULL", "diskcache", lambda p: DiskcacheDeque(p, 2), True,
+         "sqlite_synchronous=FULL (durable); popleft: no ack"),
+    Peer("litequeue", "litequeue", Litequeue, False,
+         "its only mode (synchronous NORMAL); str payloads; pop + done"),
 ]
 
 

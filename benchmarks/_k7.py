@@ -202,45 +202,27 @@ def _big_cases(n: int) -> list[Case]:
             Case(drain_name, "k7", drain_setup, {**params, "max_batch": 64})]
 
 
-def _mmap_loop_case(n: int) -> Case:
-    name = "baseline: Python loop of 32-byte slice stores into an mmap"
+def _mmap_store_case(n: int, name: str, bulk: bool) -> Case:
+    """``n`` x 32 bytes into a preallocated mmap (pre-touched by the warm-up run): a Python
+    loop of slice stores (no framing, no CRC), or one bulk copy (the memory bandwidth
+    ceiling for the payload bytes)."""
 
     @contextmanager
     def setup(root: Path) -> Iterator[Run]:
         size = len(PAYLOAD) * n
-        path = root / "mmap-loop"
-        with open(path, "w+b") as f:
+        data = PAYLOAD * n
+        with open(root / "mmap-store", "w+b") as f:
             os.posix_fallocate(f.fileno(), 0, size)
             m = mmap.mmap(f.fileno(), size)
             try:
-                def body() -> None:
+                def loop() -> None:
                     for pos in range(0, size, 32):
                         m[pos:pos + 32] = PAYLOAD
 
-                yield lambda: {name: ("msg/s", rate(n, body))}
-            finally:
-                m.close()
-
-    return Case(name, "baseline", setup, {"payload": 32, "messages": n})
-
-
-def _bulk_copy_case(n: int) -> Case:
-    """The same ``n`` x 32 bytes as the slice loop, copied into a preallocated, pre-touched
-    mmap in one slice assignment: the memory bandwidth ceiling for the payload bytes."""
-    name = "baseline: one bulk copy of the same bytes into an mmap"
-
-    @contextmanager
-    def setup(root: Path) -> Iterator[Run]:
-        data = PAYLOAD * n
-        size = len(data)
-        path = root / "bulk-copy"
-        with open(path, "w+b") as f:
-            os.posix_fallocate(f.fileno(), 0, size)
-            m = mmap.mmap(f.fileno(), size)
-            try:
-                def body() -> None:
+                def copy() -> None:
                     m[0:size] = data
 
+                body = copy if bulk else loop
                 yield lambda: {name: ("msg/s", rate(n, body))}
             finally:
                 m.close()
@@ -294,7 +276,9 @@ def cases(s: Sizes) -> list[Case]:
     out.append(_latency_case("flush", s.latency))
     out.append(_latency_case("sync", s.latency_sync))
     out += _big_cases(s.big)
-    out.append(_mmap_loop_case(s.enqueue))
-    out.append(_bulk_copy_case(s.enqueue))
+    out.append(_mmap_store_case(
+        s.enqueue, "baseline: Python loop of 32-byte slice stores into an mmap", bulk=False))
+    out.append(_mmap_store_case(
+        s.enqueue, "baseline: one bulk copy of the same bytes into an mmap", bulk=True))
     out.append(_msync_case(s.msync))
     return out

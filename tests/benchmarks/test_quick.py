@@ -57,7 +57,8 @@ def test_quick_every_case_runs(tmp_path: Path) -> None:
     assert len(set(cases)) == len(cases), "two cases share a name"
     for expected in ("four groups", "sustained one process", "two processes (readonly), unpaced",
                      "two processes (readonly), paced", "peak RSS", "k7async producer_channel",
-                     "k7async consumer channel", "k7async awaited enqueue [sync]"):
+                     "k7async consumer channel", "k7async awaited enqueue [sync]",
+                     "baseline: one bulk copy"):
         assert any(expected in c for c in cases), expected
     out = tmp_path / "bench.json"
     _bench("--no-peers", "--json", str(out), timeout=300)

@@ -129,7 +129,7 @@ class _CLock:
     def __enter__(self) -> None:
         lib.k7_flusher_lock(self._f)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, et: object, ev: object, tb: object) -> None:
         lib.k7_flusher_unlock(self._f)
 
 

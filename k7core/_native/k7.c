@@ -457,7 +457,13 @@ k7_flusher *k7_flusher_new(int64_t interval_ns) {
     k7_flusher *f = calloc(1, sizeof *f);
     if (!f) return NULL;
     f->interval_ns = interval_ns;
-    pthread_mutex_init(&f->mu, NULL);
+    /* Recursive: a dropped group collected by the GC releases its cursor (takes this lock)
+     * on whatever thread runs the collection, possibly one that already holds it. */
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&f->mu, &attr);
+    pthread_mutexattr_destroy(&attr);
     return f;
 }
 

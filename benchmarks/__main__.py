@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 from datetime import date
 from pathlib import Path
 
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         print("warning: this directory is on a RAM filesystem; pass --dir on a real disk",
               file=sys.stderr)
     records: list[Record] = []
+    failed: list[str] = []
     t_start = time.perf_counter()
     try:
         for i, case in enumerate(selected):
@@ -114,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             try:
                 records += measure(case, d, args.reps)
+            except Exception:  # one broken case must not throw away the whole run
+                traceback.print_exc()
+                failed.append(case.name)
             finally:
                 shutil.rmtree(d, ignore_errors=True)
             print(f"  {case.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
@@ -134,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         write_markdown(args.md, records, skipped, header)
     if args.plot:
         write_plot(args.plot, records, header.replace("`", ""))
+    if failed:
+        print(f"{len(failed)} case(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

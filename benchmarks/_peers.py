@@ -100,8 +100,11 @@ class DiskcacheDeque(Adapter):
     def __init__(self, path: Path, synchronous: int = 1) -> None:
         diskcache = importlib.import_module("diskcache")  # untyped package
 
-        # sqlite_synchronous: 1 = NORMAL (diskcache's default), 2 = FULL (fsync per commit)
-        self.q = diskcache.Deque(directory=str(path / "dc"), sqlite_synchronous=synchronous)
+        # sqlite_synchronous: 1 = NORMAL (diskcache's default), 2 = FULL (fsync per commit);
+        # the cache is the one Deque(directory=...) makes, with that one setting changed.
+        cache = diskcache.Cache(str(path / "dc"), eviction_policy="none",
+                                sqlite_synchronous=synchronous)
+        self.q = diskcache.Deque.fromcache(cache)
 
     def put(self, data: bytes) -> None:
         self.q.append(data)

@@ -1,0 +1,159 @@
+"""Issue 4's targets checked against the records of one run: ``python -m benchmarks.targets
+FILE.json`` prints a Markdown table (target, measured, met or missed).
+
+Every figure comes from the JSON that ``python -m benchmarks --json FILE.json`` wrote, so a
+ratio always compares two figures of the same run. A record missing from the file (a
+``--quick`` or ``--only`` run, peers not installed) makes its row say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+Values = dict[str, float]
+
+NOT_CRASH_SAFE = ("FifoDiskQueue",)
+DURABLE_PEERS = ("sqlite3 WAL sync=FULL", "persist-queue SQLiteAckQueue",
+                 "queuelib FifoSQLiteQueue", "diskcache Deque sync=FULL")
+
+
+@dataclass(frozen=True)
+class Target:
+    what: str
+    check: Callable[[Values], tuple[str, bool]]
+
+
+def _fmt(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def _at_least(name: str, floor: float, unit: str = "msg/s") -> Callable[[Values], tuple[str, bool]]:
+    def check(v: Values) -> tuple[str, bool]:
+        return f"{_fmt(v[name])} {unit}", v[name] >= floor
+    return check
+
+
+def _at_most(name: str, ceiling: float, unit: str) -> Callable[[Values], tuple[str, bool]]:
+    def check(v: Values) -> tuple[str, bool]:
+        return f"{_fmt(v[name])} {unit}", v[name] <= ceiling
+    return check
+
+
+def _ratio(num: str, den: str, floor: float) -> Callable[[Values], tuple[str, bool]]:
+    def check(v: Values) -> tuple[str, bool]:
+        r = v[num] / v[den]
+        return f"{_fmt(v[num])} / {_fmt(v[den])} = {r:.2f}", r >= floor
+    return check
+
+
+def _best_peer(v: Values, phase: str, durable: bool) -> tuple[str, float]:
+    """The fastest crash-safe peer (or, with ``durable``, the fastest durable one) in a phase."""
+    best = ("", 0.0)
+    for name, value in v.items():
+        if not (name.startswith("peer ") and name.endswith(" " + phase)):
+            continue
+        peer = name[len("peer "):-len(phase) - 1]
+        if any(s in peer for s in NOT_CRASH_SAFE):
+            continue
+        if durable and peer not in DURABLE_PEERS:
+            continue
+        if value > best[1]:
+            best = (peer, value)
+    if not best[0]:
+        raise KeyError(f"peer ... {phase}")
+    return best
+
+
+def _vs_peer(ours: str, phase: str, durable: bool) -> Callable[[Values], tuple[str, bool]]:
+    def check(v: Values) -> tuple[str, bool]:
+        peer, value = _best_peer(v, phase, durable)
+        r = v[ours] / value
+        return f"{_fmt(v[ours])} / {_fmt(value)} ({peer}) = {r:.0f} x", r >= 100
+    return check
+
+
+def _cross_process(v: Values) -> tuple[str, bool]:
+    base = "k7 sustained two processes (readonly), paced 5,000 msg/s"
+    p50, p99, cpu = v[f"{base} p50"], v[f"{base} p99"], v[f"{base} reader cpu/wall"]
+    return (f"p50 {_fmt(p50)} µs, p99 {_fmt(p99)} µs, reader CPU/wall {cpu:.2f}",
+            p50 <= 100 and p99 <= 1000 and cpu < 0.5)
+
+
+def _rss(v: Values) -> tuple[str, bool]:
+    base = "k7 peak RSS, 4 GiB through 64 MiB segments"
+    growth, anon = v[f"{base} RSS growth"], v[f"{base} anon RSS growth"]
+    four_segments = 4 * 64 * 1.048576  # MB
+    return (f"RSS growth {_fmt(growth)} MB (anonymous {_fmt(anon)} MB) while "
+            f"{_fmt(v[f'{base} GB flowed'])} GB flowed", growth <= four_segments)
+
+
+SLICE_LOOP = "baseline: Python loop of 32-byte slice stores into an mmap"
+MSYNC = "baseline: write 32 B + msync per call rate"
+
+TARGETS = [
+    Target("`enqueue` flush ≥ 3M msg/s", _at_least("k7 enqueue [flush]", 3e6)),
+    Target("`enqueue` flush ≥ 0.4 x mmap slice loop",
+           _ratio("k7 enqueue [flush]", SLICE_LOOP, 0.4)),
+    Target("`enqueue_many` flush ≥ 10M msg/s", _at_least("k7 enqueue_many(1000) [flush]", 10e6)),
+    Target("columnar append ≥ 30M msg/s",
+           _at_least("k7 enqueue_columnar(10000) [flush]", 30e6)),
+    Target("columnar read ≥ 30M msg/s", _at_least("k7 read_columnar(65536)", 30e6)),
+    Target("poll + ack, max_batch=1 ≥ 1M msg/s", _at_least("k7 poll+ack max_batch=1", 1e6)),
+    *[Target(f"poll + ack (one `ack` each), max_batch={b} ≥ 3M msg/s",
+             _at_least(f"k7 poll+ack max_batch={b}", 3e6)) for b in (64, 256, 1024)],
+    *[Target(f"poll + `ack_many` per batch, max_batch={b} ≥ 3M msg/s",
+             _at_least(f"k7 poll+ack_many max_batch={b} [cursor async]", 3e6))
+      for b in (64, 1024)],
+    Target("round trip flush p50 ≤ 2 µs", _at_most("k7 round-trip [flush] p50", 2, "µs")),
+    Target("`sync` single producer ≥ 0.9 x msync-per-message baseline",
+           _ratio("k7 enqueue [sync]", MSYNC, 0.9)),
+    *[Target(f"`sync`, 100 awaiting tasks ≥ 100,000 msg/s ({b})",
+             _at_least(f"k7async awaited enqueue [sync] 100 tasks ({b})", 1e5))
+      for b in ("asyncio", "trio")],
+    Target("64 KiB enqueue ≥ 1 GB/s", _at_least("k7 64KiB enqueue [flush]", 1000, "MB/s")),
+    Target("cross-process p50 ≤ 100 µs, p99 ≤ 1 ms, no spinning core", _cross_process),
+    Target("RSS bounded by a few segments over 4 GB (64 MiB segments)", _rss),
+    Target("≥ 100 x fastest crash-safe peer, enqueue (`enqueue`, flush)",
+           _vs_peer("k7 enqueue [flush]", "enqueue", durable=False)),
+    Target("≥ 100 x fastest crash-safe peer, dequeue+ack (poll(64) + `ack` each, flush)",
+           _vs_peer("k7 poll+ack max_batch=64", "dequeue+ack", durable=False)),
+    Target("≥ 100 x fastest crash-safe peer, dequeue+ack (poll(64) + `ack_many`, flush)",
+           _vs_peer("k7 poll+ack_many max_batch=64 [cursor async]", "dequeue+ack",
+                    durable=False)),
+    Target("≥ 100 x fastest durable peer, enqueue (`sync`, 100 awaiting tasks, asyncio)",
+           _vs_peer("k7async awaited enqueue [sync] 100 tasks (asyncio)", "enqueue",
+                    durable=True)),
+    Target("≥ 100 x fastest durable peer, enqueue (`sync`, `enqueue_many(1000)`)",
+           _vs_peer("k7 enqueue_many(1000) [sync]", "enqueue", durable=True)),
+    Target("≥ 100 x fastest durable peer, dequeue+ack (cursor `sync`, poll(64) + `ack_many`)",
+           _vs_peer("k7 poll+ack_many max_batch=64 [cursor sync]", "dequeue+ack",
+                    durable=True)),
+]
+
+
+def table(records: list[dict[str, object]]) -> str:
+    values: Values = {str(r["name"]): float(r["value"]) for r in records}  # type: ignore[arg-type]
+    rows = ["| target | measured (medians of this run) | |", "|---|---|---|"]
+    for t in TARGETS:
+        try:
+            measured, ok = t.check(values)
+        except KeyError as e:
+            rows.append(f"| {t.what} | not in this run ({e}) | — |")
+            continue
+        rows.append(f"| {t.what} | {measured} | {'met' if ok else '**missed**'} |")
+    return "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.targets", description=__doc__)
+    ap.add_argument("json", type=Path, help="records written by python -m benchmarks --json")
+    args = ap.parse_args()
+    print(table(json.loads(args.json.read_text())), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv example test lint bench bench-quick kernel clean
+.PHONY: venv example test lint bench bench-quick kernel sanitize clean
 
 venv:
 	python3 -m venv $(VENV) && $(VENV)/bin/pip install -q -e '.[test]'
@@ -22,6 +22,9 @@ bench: venv
 
 bench-quick: venv
 	$(PY) -m benchmarks --quick --no-peers
+
+sanitize:
+	bash tests/native/sanitize.sh 1 1000000
 
 kernel:
 	$(PY) setup.py -q build_ext --inplace

@@ -21,6 +21,15 @@ Modes:
     ``ack`` is called and ``A <offset>`` after it returned. At the end of the log print
     ``end`` and block on stdin until the parent closes it (or kills us).
 
+``mixed DIR FSYNC CURSOR_FSYNC SEGMENT_SIZE SEED``
+    The crash matrix's program. Open the queue as writer and group ``g``; print ``ready <n>
+    <committed>`` (``n``: messages in the log). Then, forever, pick an action at random and
+    print its phase marker *before* doing it: ``P enqueue`` (1-8 ``enqueue`` calls of the
+    next messages, ``E <i> <offset>`` after each returned), ``P roll`` (the same, when the
+    next message does not fit in the current segment), ``P ack`` (a ``poll`` of 1-16, then
+    ``S <offset>`` before and ``A <offset>`` after each ``ack``), ``P close`` (close group
+    and queue, print ``closed``, reopen, print ``ready ...`` again).
+
 ``hold DIR GROUP``
     Open the queue as writer and the group, print ``ready``, block until stdin closes, close.
 
@@ -211,9 +220,58 @@ def _open_on_wait(argv: list[str]) -> None:
     q.close()
 
 
+def _mixed(argv: list[str]) -> None:
+    import k7core
+
+    d, fsync, cursor_fsync, seg, seed = argv
+    seg_i = int(seg)
+    rng = random.Random(int(seed))
+
+    def open_all() -> tuple[k7core.Queue, k7core.ConsumerGroup, int]:
+        q = k7core.Queue(d, fsync=fsync, segment_size=seg_i)
+        g = q.consumer_group("g", cursor_fsync=cursor_fsync)
+        n = _count_messages(q)
+        _out(f"ready {n} {g.committed}")
+        return q, g, n
+
+    def segment_room(written: int) -> int:
+        """Bytes left in the segment being written (its base is the newest file's name)."""
+        base = max(int(f[4:-3]) for f in os.listdir(d) if f.startswith("seg-"))
+        size = os.path.getsize(os.path.join(d, f"seg-{base:020d}.k7"))
+        return base + size - written
+
+    q, g, i = open_all()
+    written = q.end  # end of the frames written ("async": q.end lags behind the msyncs)
+    while True:
+        action = rng.choices(("enqueue", "ack", "close"), weights=(10, 6, 1))[0]
+        if action == "enqueue":
+            for _ in range(rng.randint(1, 8)):
+                data = payload(i)
+                size = k7core.frame_size(len(data))
+                _out("P roll" if size > segment_room(written) else "P enqueue")
+                off = q.enqueue(data)
+                os.write(1, b"E %d %d\n" % (i, off))
+                written = off + size
+                i += 1
+        elif action == "ack":
+            _out("P ack")
+            for m in g.poll(max_batch=rng.randint(1, 16), timeout=0):
+                os.write(1, b"S %d\n" % m.offset)
+                g.ack(m)
+                os.write(1, b"A %d\n" % m.offset)
+        else:
+            _out("P close")
+            g.close()
+            q.close()
+            _out("closed")
+            q, g, i = open_all()
+            written = q.end
+
+
 MODES = {
     "write": _write,
     "consume": _consume,
+    "mixed": _mixed,
     "hold": _hold,
     "try": _try,
     "wake": _wake,

@@ -34,9 +34,10 @@ Modes:
     ``payload(i)``, print ``<i> <offset> <saw_waiter 0|1> <time.monotonic() after enqueue>``.
 
 ``retain DIR SEGMENT_SIZE RETENTION_BYTES``
-    Open the queue as writer with ``retention="consumed"`` and ``retention_bytes``, print
-    ``ready <earliest> <start>`` (``start``: the index of the next message, from the last
-    message in the log), then enqueue forever, printing ``<i> <offset>`` after each.
+    Print ``opening``, open the queue as writer with ``retention="consumed"`` and
+    ``retention_bytes`` (retention runs at open too), print ``ready <earliest> <start>``
+    (``start``: the index after the last message in the log), then enqueue forever,
+    printing ``<i> <offset>`` after each.
 
 ``lag-reader DIR GROUP``
     Open the queue read-only and the group; poll one message and print ``first <offset>``;
@@ -229,6 +230,7 @@ def _retain(argv: list[str]) -> None:
     import k7core
 
     d, seg, limit = argv
+    _out("opening")
     q = k7core.Queue(d, fsync="flush", segment_size=int(seg), retention="consumed",
                      retention_bytes=int(limit))
     start, off = 0, q.earliest()

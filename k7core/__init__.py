@@ -32,6 +32,7 @@ from ._stats import GroupStats as GroupStats
 from ._stats import QueueStats as QueueStats
 from ._stats import RecoveryEvent as RecoveryEvent
 from ._stats import SegmentInfo as SegmentInfo
+from ._stats import SyncLatency as SyncLatency
 
 __version__ = "0.1.0"
 
@@ -58,6 +59,7 @@ __all__ = [
     "RecoveryEvent",
     "SegmentInfo",
     "StorageError",
+    "SyncLatency",
     "crc32c",
     "frame_size",
     "hardware_crc",

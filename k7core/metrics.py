@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
 from ._group import ConsumerGroup
@@ -52,12 +52,17 @@ class K7Collector(Collector):
         """Also export this open group's position, in-flight count and data-loss jumps."""
         self._groups.append(group)
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(
+        self,
+    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
         ql = ["queue"]
         gl = ["queue", "group"]
         gauges = {name: GaugeMetricFamily(name, doc, labels=ql) for name, doc, _ in _QUEUE_GAUGES}
         syncs = CounterMetricFamily("k7_queue_log_syncs", "msyncs of the log by this writer",
                                     labels=ql)
+        sync_hist = HistogramMetricFamily("k7_queue_log_sync_seconds",
+                                          "Durations of the writer's msyncs of the log",
+                                          labels=ql)
         recov = CounterMetricFamily("k7_queue_recovery_events",
                                     "What recovery did when the writer opened",
                                     labels=[*ql, "kind"])
@@ -89,6 +94,9 @@ class K7Collector(Collector):
                 gauges[metric].add_metric([name], getattr(st, attr))
             if st.log_syncs is not None:
                 syncs.add_metric([name], st.log_syncs)
+            if st.log_sync is not None:
+                sync_hist.add_metric([name], _buckets(st.log_sync.buckets),
+                                     st.log_sync.total_seconds)
             kinds: dict[str, int] = {"torn-tail-cut": 0, "short-segment-reset": 0}
             for ev in st.recovery_events:
                 kinds[ev.kind] = kinds.get(ev.kind, 0) + 1
@@ -111,8 +119,18 @@ class K7Collector(Collector):
             in_flight.add_metric(labels, gs.in_flight)
             jumps.add_metric(labels, gs.data_loss_jumps)
         yield from gauges.values()
-        yield from (syncs, recov, del_seg, del_bytes, committed, lag, lag_msgs, owned,
+        yield from (syncs, sync_hist, recov, del_seg, del_bytes, committed, lag, lag_msgs, owned,
                     position, in_flight, jumps)
+
+
+def _buckets(hist: tuple[int, ...]) -> list[tuple[str, float]]:
+    """Cumulative Prometheus buckets from the kernel's power-of-two ones, 1 µs .. 32 s."""
+    out, seen = [], sum(hist[:10])
+    for k in range(10, 36):
+        seen += hist[k]
+        out.append((repr((1 << k) / 1e9), float(seen)))
+    out.append(("+Inf", float(sum(hist))))
+    return out
 
 
 __all__ = ["K7Collector"]

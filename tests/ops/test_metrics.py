@@ -44,6 +44,8 @@ def test_scrape_queue_and_group_metrics(tmp_path: Path) -> None:
             assert m[("k7_queue_segment_bytes", qd)] == 3 * 4096
             assert m[("k7_queue_retention_deleted_segments_total", qd)] == 1
             assert m[("k7_queue_log_syncs_total", qd)] >= 0
+            assert m[("k7_queue_log_sync_seconds_count", qd)] == m[("k7_queue_log_syncs_total", qd)]
+            assert ("k7_queue_log_sync_seconds_bucket", (("le", "+Inf"), *qd)) in m
             assert m[("k7_queue_recovery_events_total", (("kind", "torn-tail-cut"), *qd))] == 0
             assert m[("k7_group_committed_offset", gd)] == msgs[4].offset
             assert m[("k7_group_lag_bytes", gd)] == end - msgs[4].offset

@@ -97,3 +97,17 @@ def test_group_stats_after_close_raises(tmp_path: Path) -> None:
             g.stats()
     with pytest.raises(k7core.ClosedError):
         q.stats()
+
+
+def test_sync_latency_summary(tmp_path: Path) -> None:
+    with k7core.Queue(tmp_path, segment_size=1 << 20, fsync="sync") as q:
+        for i in range(20):
+            q.enqueue(b"%d" % i)
+        st = q.stats()
+        lat = st.log_sync
+        assert lat is not None and st.log_syncs == lat.count >= 20
+        assert sum(lat.buckets) == lat.count
+        assert 0 < lat.mean_seconds <= lat.max_seconds <= lat.total_seconds
+        assert lat.p50_seconds <= lat.p99_seconds
+    with k7core.Queue(tmp_path, readonly=True) as q:
+        assert q.stats().log_sync is None

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import errno
 import json
+import logging
 import mmap
 import os
 import shutil
@@ -249,7 +250,7 @@ def verify(directory: str) -> None:
     console = _err()
     with Progress(
         TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-        console=console, transient=True,
+        console=console, transient=True, disable=not console.is_terminal,
     ) as progress:
         task = progress.add_task("verifying", total=sum(s.size for s in segs))
 
@@ -520,8 +521,14 @@ def repair(directory: str) -> None:
     if not lock_is_free(d / WRITER_LOCK):
         raise CliError(f"{d} is open by a writer, whose open already repaired it; "
                        "stop the writer to repair")
-    with _writer(d, fsync="sync") as q:
-        events = q.stats().recovery_events
+    log = logging.getLogger("k7core")
+    quiet = logging.NullHandler()  # the events are reported below, not logged twice
+    log.addHandler(quiet)
+    try:
+        with _writer(d, fsync="sync") as q:
+            events = q.stats().recovery_events
+    finally:
+        log.removeHandler(quiet)
     if not events:
         click.echo("nothing to repair: the last segment ends with a valid frame")
         return

@@ -33,6 +33,7 @@ from ._format import (
     SPARE_SEGMENT,
     WRITER_LOCK,
     Fsync,
+    cursor_name,
     frame_size,
     parse_fsync,
     segment_name,
@@ -44,6 +45,7 @@ from ._resource import Resource
 from ._stats import (
     LAG_COUNT_LIMIT,
     GroupInfo,
+    LockTable,
     QueueStats,
     RecoveryEvent,
     SyncLatency,
@@ -768,15 +770,17 @@ class Queue(Resource):
         end = self._visible_end()
         earliest = segs[0].base if segs else 0
         groups = []
+        locks = LockTable()
         for name, committed in read_cursors(self.path):
             lag = max(0, end - committed)
             msgs = None if committed < earliest else self._lag_messages(committed, end)
-            groups.append(GroupInfo(name, committed, lag, msgs, group_owned(self.path, name)))
+            groups.append(GroupInfo(name, committed, lag, msgs,
+                                    group_owned(self.path, name, locks)))
         w = self._w
         return QueueStats(
             path=str(self.path),
             readonly=self.readonly,
-            writer_active=not self.readonly or not lock_is_free(self.path / WRITER_LOCK),
+            writer_active=not self.readonly or locks.locked(self.path / WRITER_LOCK),
             fsync=self.fsync.value,
             segment_size=self.segment_size,
             earliest_offset=earliest,
@@ -820,12 +824,18 @@ class Queue(Resource):
         if w is not None:
             with self._flusher_lock():
                 err = lib.k7_writer_sync(w) or err
-        remove = (
-            self.remove_when_empty and w is not None and not err and first_error is None
-            and self._drained(int(w.base + w.pos))
+        held = (
+            self._lock_drained(int(w.base + w.pos))
+            if self.remove_when_empty and w is not None and not err and first_error is None
+            else None
         )
-        if remove:
-            self._remove_files()
+        remove = held is not None
+        if held is not None:
+            try:
+                self._remove_files()
+            finally:
+                for fd in held:
+                    os.close(fd)
         self._finalizer()
         if remove:
             with contextlib.suppress(OSError):
@@ -838,16 +848,30 @@ class Queue(Resource):
                 path=self.path, hint="recently enqueued messages may not be durable",
             )
 
-    def _drained(self, end: int) -> bool:
-        """True when every group has committed ``end`` and none is owned by anyone; with no
-        group, when the log holds no message."""
+    def _lock_drained(self, end: int) -> list[int] | None:
+        """If every group has committed ``end`` (with no group: if the log holds no message),
+        lock every cursor file (so no consumer opens one meanwhile) and return the locked
+        fds; None, with nothing locked, otherwise or when a consumer owns a group."""
         cursors = read_cursors(self.path)
         if not cursors:
             bases = list_segments(self.path)
-            return not bases or end == bases[0]
-        return all(c >= end for _, c in cursors) and not any(
-            group_owned(self.path, name) for name, _ in cursors
-        )
+            return [] if not bases or end == bases[0] else None
+        if any(c < end for _, c in cursors):
+            return None
+        fds: list[int] = []
+        try:
+            for name, _ in cursors:
+                fd = os.open(self.path / cursor_name(name), os.O_RDONLY | os.O_CLOEXEC)
+                fds.append(fd)
+                if not try_lock(fd):
+                    raise BlockingIOError
+            if all(c >= end for _, c in read_cursors(self.path)):  # unchanged since
+                return fds
+        except OSError:
+            pass
+        for fd in fds:
+            os.close(fd)
+        return None
 
     def _remove_files(self) -> None:
         """Delete every file of the queue, the writer lock last (we still hold it)."""

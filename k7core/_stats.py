@@ -188,9 +188,43 @@ def read_cursors(directory: Path) -> list[tuple[str, int]]:
     return out
 
 
-def group_owned(directory: Path, group: str) -> bool:
+class LockTable:
+    """Which files some process holds a ``flock`` on, read once from ``/proc/locks`` (Linux):
+    asking this way takes no lock, so it can never make a consumer or a writer that opens at
+    the same instant fail. Elsewhere it falls back to a non-blocking shared probe."""
+
+    def __init__(self) -> None:
+        self._held: set[tuple[int, int, int]] | None = None
+        try:
+            with open("/proc/locks") as f:
+                text = f.read()
+        except OSError:
+            return
+        held = set()
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) < 6 or parts[1] != "FLOCK":  # "->" lines are blocked waiters
+                continue
+            try:
+                major, minor, ino = parts[5].split(":")
+                held.add((int(major, 16), int(minor, 16), int(ino)))
+            except ValueError:
+                continue
+        self._held = held
+
+    def locked(self, path: Path) -> bool:
+        if self._held is None:
+            return not lock_is_free(path)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False
+        return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in self._held
+
+
+def group_owned(directory: Path, group: str, locks: LockTable | None = None) -> bool:
     """True when some consumer (any process, this one included) holds the group's lock."""
-    return not lock_is_free(directory / f"{CURSOR_PREFIX}{group}.k7")
+    return (locks or LockTable()).locked(directory / f"{CURSOR_PREFIX}{group}.k7")
 
 
 def disk_bytes(directory: Path) -> int:

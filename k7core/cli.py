@@ -36,7 +36,7 @@ from ._format import (
     cursor_name,
     segment_name,
 )
-from ._kernel import SCAN_CORRUPT, SCAN_EMPTY, ffi, lib
+from ._kernel import SCAN_CORRUPT, SCAN_OK, ffi, lib
 from ._queue import Queue
 from ._stats import SegmentInfo, list_segment_infos
 from ._storage import data_regions, lock_is_free, try_lock
@@ -148,7 +148,7 @@ def _human(n: int) -> str:
 
 @dataclasses.dataclass
 class _Problem:
-    kind: str  # "corrupt-frame" | "missing-data" | "torn-tail"
+    kind: str  # "corrupt-frame" | "missing-data" | "short-segment" | "torn-tail"
     segment: int
     offset: int
     nbytes: int | None = None
@@ -160,6 +160,9 @@ class _Problem:
             return f"corrupt frame: {where}"
         if self.kind == "missing-data":
             return f"no frame where the sealed segment has data: {where}"
+        if self.kind == "short-segment":
+            return (f"segment file too short: {segment_name(self.segment)} ends at position "
+                    f"{self.offset - self.segment}, before its seal point {self.nbytes}")
         return (f"torn tail: {where}, {self.nbytes} bytes after the last valid frame "
                 "(a writer's open cuts it; `k7 repair` does it now)")
 
@@ -176,12 +179,12 @@ def _map_readonly(path: Path) -> mmap.mmap | None:
 def _verify_segment(
     path: Path, base: int, limit: int | None, advance: Any, problems: list[_Problem]
 ) -> int:
-    """CRC-check every frame of one segment (``limit``: where a sealed segment was sealed;
-    None for the last one). Returns the number of valid frames."""
+    """CRC-check every frame of one segment (``limit``: where a sealed segment was sealed,
+    i.e. where its data must end; None for the last one). Returns the valid frames."""
     mm = _map_readonly(path)
     if mm is None:
         if limit:
-            problems.append(_Problem("missing-data", base, base))
+            problems.append(_Problem("short-segment", base, base, limit))
         return 0
     chunk = 65536
     starts, lens = ffi.new("int64_t[]", chunk), ffi.new("int64_t[]", chunk)
@@ -196,24 +199,25 @@ def _verify_segment(
             advance(int(nxt[0]) - pos)
             pos = int(nxt[0])
             st = int(status[0])
-            if st == SCAN_EMPTY and (limit is None or pos + FRAME_HEADER > end):
-                break  # the end of the written data (or the seal point)
-            if st in (SCAN_CORRUPT, SCAN_EMPTY):
-                if limit is None:
-                    break  # the last segment: what follows is its torn tail (below)
-                problems.append(_Problem(
-                    "corrupt-frame" if st == SCAN_CORRUPT else "missing-data", base, base + pos
-                ))
-                resync = _resync(mm, buf, pos + 8, end)
-                advance(resync - pos)
-                pos = resync
+            if st == SCAN_OK:
+                continue  # the seal point, or a full chunk
+            if limit is None:
+                break  # the end of the written data, or a torn tail (checked below)
+            # a sealed segment's frames run up to its seal point without a break
+            kind = "corrupt-frame" if st == SCAN_CORRUPT else "missing-data"
+            problems.append(_Problem(kind, base, base + pos))
+            resync = _resync(mm, buf, pos + 8, end)
+            advance(resync - pos)
+            pos = resync
         if limit is None:
             last = pos
             for lo, hi in data_regions(path, pos, size):
                 last = max(last, int(lib.k7_last_nonzero(buf, max(lo, pos), hi)))
             if last > pos:
                 problems.append(_Problem("torn-tail", base, base + pos, last - pos))
-            advance(max(0, size - pos))
+        elif size < limit:
+            problems.append(_Problem("short-segment", base, base + size, limit))
+        advance(max(0, size - pos))
     finally:
         ffi.release(buf)
         mm.close()
@@ -551,7 +555,7 @@ def repair(directory: str) -> None:
               help="Payload bytes.")
 @click.option("--fsync", type=click.Choice(["flush", "async", "sync"]), default="flush",
               show_default=True)
-@click.option("--dir", "where", type=click.Path(file_okay=False), default=None,
+@click.option("--dir", "where", type=click.Path(exists=True, file_okay=False), default=None,
               help="Where to put the temporary queue (default: the system temp directory).")
 @click.option("--json", "as_json", is_flag=True)
 def bench(seconds: float, size: int, fsync: str, where: str | None, as_json: bool) -> None:

@@ -299,3 +299,40 @@ def test_bench_quick(tmp_path: Path) -> None:
     assert [x["operation"] for x in rows] == ["enqueue", "enqueue_many(256)", "poll+ack(256)"]
     assert all(x["messages"] > 0 and x["per_second"] > 0 for x in rows)
     assert os.listdir(tmp_path) == []  # the temporary queue is removed
+
+
+def test_verify_a_gap_and_a_short_sealed_segment(qdir: Path) -> None:
+    segs = sorted(p for p in qdir.iterdir() if p.name.startswith("seg-"))
+    base0, base1 = (int(p.name[4:24]) for p in segs[:2])
+    offs = [o for o in offsets_of(qdir) if o < base1]
+    with open(segs[0], "r+b") as f:  # zero the header of the last frame of segment 0
+        f.seek(offs[-1] - base0)
+        f.write(bytes(10))
+    os.truncate(segs[1], 2048)  # segment 1 loses its end
+    r = k7("verify", qdir)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    out = r.stdout.decode()
+    assert f"no frame where the sealed segment has data: {segs[0].name} offset {offs[-1]}" in out
+    assert f"segment file too short: {segs[1].name} ends at position 2048" in out
+
+
+def ok_frames(r: subprocess.CompletedProcess[bytes]) -> int:
+    return int(r.stdout.split(b"ok: ")[1].split()[0])
+
+
+def test_info_and_verify_on_the_jvm_fixture(jvm_basic: tuple[Path, dict[str, object]]) -> None:
+    d, manifest = jvm_basic
+    r_verify = k7("verify", d)
+    assert r_verify.returncode == 0, (r_verify.stdout, r_verify.stderr)
+    r = k7("info", d, "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    segments = manifest["segments"]
+    assert isinstance(segments, list)
+    assert [s["base"] for s in st["segments"]] == [s["base_offset"] for s in segments]
+    groups = manifest["groups"]
+    assert isinstance(groups, dict)
+    assert {g["name"]: g["committed"] for g in st["groups"]} == {
+        name: g["committed_offset"] for name, g in groups.items()}
+    assert st["next_offset"] == segments[-1]["base_offset"] + segments[-1]["write_pos"]
+    assert ok_frames(r_verify) == manifest["message_count"]

@@ -185,15 +185,16 @@ class ConsumerGroup(Resource):
             q._wait(end, left)
 
     def _read(self, max_batch: int) -> list[Message]:
-        try:
-            return self._read_raw(max_batch)
-        except DataLossError as exc:
-            if self.on_data_loss != "earliest":
-                raise
-            self._jumps += 1
-            self._skipped += max(0, exc.earliest - (exc.offset or 0))
-            self.seek(exc.earliest)
-            return self._read_raw(max_batch)
+        for _ in range(8):  # retention may delete again while we jump
+            try:
+                return self._read_raw(max_batch)
+            except DataLossError as exc:
+                if self.on_data_loss != "earliest":
+                    raise
+                self._jumps += 1
+                self._skipped += max(0, exc.earliest - (exc.offset or 0))
+                self.seek(exc.earliest)
+        return self._read_raw(max_batch)
 
     def _read_raw(self, max_batch: int) -> list[Message]:
         rd = self._reader

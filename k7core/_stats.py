@@ -107,7 +107,8 @@ class QueueStats:
     ``earliest_offset``: first offset still in the log (the first segment's base);
     ``next_offset``: the visible end (the offset the next message will get, once visible).
     ``log_syncs`` counts the writer's msyncs of the log since open and ``log_sync`` sums up
-    their durations (both ``None`` on a ``readonly`` queue). ``recovery_events``: what the
+    their durations (both ``None`` on a ``readonly`` queue, as are ``fsync`` and
+    ``segment_size``, which belong to the writer). ``recovery_events``: what the
     writer's recovery did at open.
     ``retention_deleted_*`` count what retention deleted since open.
     """
@@ -115,8 +116,8 @@ class QueueStats:
     path: str
     readonly: bool
     writer_active: bool
-    fsync: str
-    segment_size: int
+    fsync: str | None
+    segment_size: int | None
     earliest_offset: int
     next_offset: int
     segment_count: int

@@ -84,6 +84,7 @@ def test_stats_of_a_readonly_queue_in_another_process(tmp_path: Path) -> None:
                 st = json.loads(child.line())
                 assert child.wait() == 0
     assert st["readonly"] and st["writer_active"] and st["log_syncs"] is None
+    assert st["fsync"] is None and st["segment_size"] is None
     assert st["next_offset"] == offs[-1] + 112 and st["segment_count"] == 2
     assert st["groups"] == [{"name": "w", "committed": offs[20], "lag_bytes": 30 * 112,
                              "lag_messages": 30, "owned": True}]

@@ -620,12 +620,21 @@ class Queue(Resource):
                 os.unlink(self.path / segment_name(sg.base))
             except FileNotFoundError:
                 pass
+            except OSError as exc:  # never fail a write or an open because of retention
+                log.warning("k7core: retention could not delete %s: %s",
+                            segment_name(sg.base), exc.strerror)
+                break
             else:
-                if durable:
-                    fsync_dir(self.path)
                 self._deleted_segments += 1
                 self._deleted_bytes += sg.size
             deleted.append(sg.base)
+            if durable:
+                try:  # the unlink is durable before the next one: no gap after a crash
+                    fsync_dir(self.path)
+                except OSError as exc:
+                    log.warning("k7core: retention stopped: fsync of %s failed: %s",
+                                self.path, exc.strerror)
+                    break
         if deleted:
             self._bases = [b for b in self._bases if b > deleted[-1]]
             log.info("k7core: retention deleted %d segment(s) of %s up to base %d",

@@ -3,6 +3,7 @@ readers in other processes that are behind, and remove_when_empty."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
@@ -260,3 +261,21 @@ def test_remove_when_empty(tmp_path: Path) -> None:
     with k7core.Queue(d, segment_size=SEG, fsync="flush", remove_when_empty=True) as q:
         q.enqueue(b"x")
     assert seg_bases(d) == [0]
+
+
+def test_a_failed_deletion_never_fails_a_write(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with k7core.Queue(tmp_path, segment_size=SEG, fsync="flush") as q:
+        fill(q, 36 * 3)
+        first = tmp_path / "seg-00000000000000000000.k7"
+        first.rename(tmp_path / "moved")
+        first.mkdir()  # unlink() of a directory fails (EISDIR), even for root
+        q.retention_bytes = SEG
+        with caplog.at_level(logging.WARNING, "k7core"):
+            offs = fill(q, 36 * 2)  # rolls: retention runs, fails, the writes go on
+        assert offs[-1] == (36 * 5 - 1) * FRAME
+        assert "retention could not delete seg-00000000000000000000.k7" in caplog.text
+        assert q.stats().retention_deleted_segments == 0 and first.is_dir()
+        first.rmdir()
+        assert q.enforce_retention() == [36 * FRAME * k for k in range(1, 4)]  # not the current

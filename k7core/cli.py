@@ -23,10 +23,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-import click
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
+try:
+    import click
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+    from rich.table import Table
+except ImportError as exc:  # pragma: no cover - only without the extra
+    raise SystemExit(
+        f"k7: the command line needs click and rich ({exc}): pip install 'k7py[cli]'"
+    ) from exc
 
 from ._errors import DataLossError, K7Error
 from ._format import (

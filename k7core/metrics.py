@@ -17,8 +17,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
+try:
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
+    from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
+except ImportError as exc:  # pragma: no cover - only without the extra
+    raise ImportError(
+        f"k7core.metrics needs prometheus_client ({exc}): pip install 'k7py[metrics]'"
+    ) from exc
 
 from ._group import ConsumerGroup
 from ._queue import Queue

@@ -9,6 +9,7 @@
 
 from ._errors import ClosedError as ClosedError
 from ._errors import CorruptFrameError as CorruptFrameError
+from ._errors import DataLossError as DataLossError
 from ._errors import GroupBusyError as GroupBusyError
 from ._errors import InvalidNameError as InvalidNameError
 from ._errors import K7Error as K7Error
@@ -25,16 +26,27 @@ from ._kernel import crc32c as crc32c
 from ._kernel import hardware_crc as hardware_crc
 from ._queue import ColumnarBatch as ColumnarBatch
 from ._queue import Queue as Queue
+from ._stats import LAG_COUNT_LIMIT as LAG_COUNT_LIMIT
+from ._stats import GroupInfo as GroupInfo
+from ._stats import GroupStats as GroupStats
+from ._stats import QueueStats as QueueStats
+from ._stats import RecoveryEvent as RecoveryEvent
+from ._stats import SegmentInfo as SegmentInfo
+from ._stats import SyncLatency as SyncLatency
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "LAG_COUNT_LIMIT",
     "ClosedError",
     "ColumnarBatch",
     "ConsumerGroup",
     "CorruptFrameError",
+    "DataLossError",
     "Fsync",
     "GroupBusyError",
+    "GroupInfo",
+    "GroupStats",
     "InvalidNameError",
     "K7Error",
     "Message",
@@ -42,8 +54,12 @@ __all__ = [
     "NotAQueueError",
     "Queue",
     "QueueLockedError",
+    "QueueStats",
     "ReadOnlyError",
+    "RecoveryEvent",
+    "SegmentInfo",
     "StorageError",
+    "SyncLatency",
     "crc32c",
     "frame_size",
     "hardware_crc",

@@ -52,6 +52,27 @@ class CorruptFrameError(K7Error):
     """
 
 
+class DataLossError(K7Error):
+    """The offset to read was deleted by retention (it lies before the earliest segment).
+
+    ``offset`` is the position that was asked for; ``earliest`` the first offset still in
+    the log. ``seek(earliest)`` to continue, or open the group with
+    ``on_data_loss="earliest"`` to jump there automatically.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        earliest: int,
+        path: str | os.PathLike[str] | None = None,
+        offset: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, path=path, offset=offset, hint=hint)
+        self.earliest = earliest
+
+
 class MessageTooLargeError(K7Error, ValueError):
     """The message cannot fit in an empty segment (or exceeds the 2 GiB frame limit)."""
 

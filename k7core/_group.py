@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import time
 import weakref
@@ -10,13 +11,14 @@ from collections.abc import Iterable
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ClosedError, GroupBusyError, StorageError
+from ._errors import ClosedError, DataLossError, GroupBusyError, StorageError
 from ._format import CURSOR_FILE_SIZE, Fsync, check_group_name, cursor_name, parse_fsync
 from ._kernel import SCAN_CORRUPT, address, ffi, lib
 from ._native._fast import Fetcher
 from ._reader import Reader
 from ._resource import Resource
-from ._storage import Mapping, fsync_dir, open_fd, try_lock
+from ._stats import GroupStats
+from ._storage import Mapping, fsync_dir, list_segments, open_fd, try_lock
 
 if TYPE_CHECKING:
     from ._queue import Queue, _Flusher
@@ -78,9 +80,19 @@ class ConsumerGroup(Resource):
     """
 
     def __init__(
-        self, queue: Queue, name: str, *, cursor_fsync: str | Fsync = Fsync.ASYNC
+        self,
+        queue: Queue,
+        name: str,
+        *,
+        cursor_fsync: str | Fsync = Fsync.ASYNC,
+        on_data_loss: str = "raise",
     ) -> None:
         self._closed = True
+        if on_data_loss not in ("raise", "earliest"):
+            raise ValueError(f"on_data_loss must be 'raise' or 'earliest', not {on_data_loss!r}")
+        self.on_data_loss = on_data_loss
+        self._jumps = 0
+        self._skipped = 0
         self.name = check_group_name(name)
         self.queue = queue
         self.cursor_fsync = parse_fsync(cursor_fsync, "cursor_fsync")
@@ -93,7 +105,8 @@ class ConsumerGroup(Resource):
                     f"consumer group {name!r} of {queue.path} is owned by another consumer",
                     path=self.path, hint="close the other owner first (one owner per group)",
                 )
-            if os.fstat(res.fd).st_size < CURSOR_FILE_SIZE:
+            created = os.fstat(res.fd).st_size < CURSOR_FILE_SIZE
+            if created:
                 os.ftruncate(res.fd, CURSOR_FILE_SIZE)
                 if self.cursor_fsync is not Fsync.FLUSH:
                     os.fsync(res.fd)
@@ -109,6 +122,11 @@ class ConsumerGroup(Resource):
                 fl.add_cursor(c)
                 res.flusher = fl
             committed = int(lib.k7_cursor_load(c))
+            if created and committed == 0:
+                bases = list_segments(queue.path)
+                if bases and bases[0] > 0:  # retention deleted the start: begin at the earliest
+                    committed = bases[0]
+                    lib.k7_cursor_store(c, committed)
             self._reader: Reader | None = Reader(queue)
             res.reader = self._reader
             self._reader.c.pos = committed
@@ -167,6 +185,18 @@ class ConsumerGroup(Resource):
             q._wait(end, left)
 
     def _read(self, max_batch: int) -> list[Message]:
+        for _ in range(8):  # retention may delete again while we jump
+            try:
+                return self._read_raw(max_batch)
+            except DataLossError as exc:
+                if self.on_data_loss != "earliest":
+                    raise
+                self._jumps += 1
+                self._skipped += max(0, exc.earliest - (exc.offset or 0))
+                self.seek(exc.earliest)
+        return self._read_raw(max_batch)
+
+    def _read_raw(self, max_batch: int) -> list[Message]:
         rd = self._reader
         assert rd is not None
         if max_batch > self._cap:
@@ -184,7 +214,8 @@ class ConsumerGroup(Resource):
         """A short batch continues in the next segment when data is visible beyond it."""
         c = self._rc
         if c.status != SCAN_CORRUPT and c.pos < c.end:
-            msgs += self._read(max_batch - len(msgs))
+            with contextlib.suppress(DataLossError):  # deliver what was read; the next
+                msgs += self._read_raw(max_batch - len(msgs))  # poll reports the loss
         return msgs
 
     def _take_redeliveries(self, max_batch: int) -> list[Message]:
@@ -283,6 +314,32 @@ class ConsumerGroup(Resource):
         if self._closed:
             self._raise_closed()
         return max(0, self.queue._visible_end() - int(lib.k7_committed(self._f)))
+
+    def stats(self) -> GroupStats:
+        """A snapshot of this group: committed, position, in flight, lag (bytes, and
+        messages when the lag is at most ``LAG_COUNT_LIMIT`` bytes), data-loss jumps."""
+        if self._closed:
+            self._raise_closed()
+        q = self.queue
+        end = q._visible_end()
+        committed = self.committed
+        bases = list_segments(q.path)
+        earliest = bases[0] if bases else 0
+        lag_msgs = None if committed < earliest else q._lag_messages(committed, end)
+        return GroupStats(
+            name=self.name,
+            committed=committed,
+            position=self.position,
+            in_flight=self.in_flight,
+            next_offset=end,
+            earliest_offset=earliest,
+            lag_bytes=max(0, end - committed),
+            unread_bytes=max(0, end - self.position),
+            lag_messages=lag_msgs,
+            cursor_fsync=self.cursor_fsync.value,
+            data_loss_jumps=self._jumps,
+            skipped_bytes=self._skipped,
+        )
 
     @property
     def in_flight(self) -> int:

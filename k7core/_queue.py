@@ -28,10 +28,12 @@ from ._format import (
     MAX_PAYLOAD,
     POSITION_FILE,
     POSITION_FILE_SIZE,
+    SEGMENT_RE,
     SPARE_MIN_SIZE,
     SPARE_SEGMENT,
     WRITER_LOCK,
     Fsync,
+    cursor_name,
     frame_size,
     parse_fsync,
     segment_name,
@@ -40,11 +42,24 @@ from ._kernel import BADOFFSETS, EIO, NOFIT, TOOLARGE, address, ffi, lib
 from ._native._fast import CLOSED, Appender
 from ._reader import Reader
 from ._resource import Resource
+from ._stats import (
+    LAG_COUNT_LIMIT,
+    GroupInfo,
+    LockTable,
+    QueueStats,
+    RecoveryEvent,
+    SyncLatency,
+    disk_bytes,
+    group_owned,
+    list_segment_infos,
+    read_cursors,
+)
 from ._storage import (
     Mapping,
     SpareSegment,
     create_segment,
     data_regions,
+    fsync_dir,
     list_segments,
     lock_is_free,
     map_file,
@@ -56,6 +71,8 @@ if TYPE_CHECKING:
     from ._group import ConsumerGroup
 
 log = logging.getLogger("k7core")
+
+RETENTION_POLICIES = ("none", "consumed")
 
 _from_buffer = ffi.from_buffer
 _ZERO = array.array("q", [0])
@@ -166,6 +183,15 @@ class Queue(Resource):
     must be called from one thread at a time. Consumer groups are opened with
     :meth:`consumer_group`. ``readonly=True`` opens a queue that another process writes:
     no writer lock, ``enqueue`` raises, consumer groups work.
+
+    Retention (writer only; applied at open and at every segment roll, never to the segment
+    being written; oldest segments first): ``retention="consumed"`` deletes a sealed segment
+    once every cursor file of the directory has committed past its end (nothing while the
+    directory has no cursor file); ``retention_bytes`` deletes the oldest sealed segments
+    while the segment files total more than that; ``retention_age`` (seconds) deletes sealed
+    segments last written longer ago than that. The limits apply even to unconsumed data.
+    ``remove_when_empty=True`` deletes every file of the queue (and the directory, if then
+    empty) on ``close()`` when every group has committed the whole log.
     """
 
     def __init__(
@@ -176,6 +202,10 @@ class Queue(Resource):
         fsync: str | Fsync = Fsync.ASYNC,
         commit_interval: float = 50e-6,
         readonly: bool = False,
+        retention: str = "none",
+        retention_bytes: int | None = None,
+        retention_age: float | None = None,
+        remove_when_empty: bool = False,
     ) -> None:
         self._closed = True
         self._w: Any = None
@@ -192,6 +222,23 @@ class Queue(Resource):
         self.fsync = parse_fsync(fsync, "fsync")
         self.commit_interval = float(commit_interval)
         self.readonly = bool(readonly)
+        if retention not in RETENTION_POLICIES:
+            raise ValueError(f"retention must be 'none' or 'consumed', not {retention!r}")
+        if retention_bytes is not None and (
+            not isinstance(retention_bytes, int) or retention_bytes < 0
+        ):
+            raise ValueError(f"retention_bytes must be an int >= 0, not {retention_bytes!r}")
+        if retention_age is not None and (
+            not isinstance(retention_age, (int, float)) or retention_age < 0
+        ):
+            raise ValueError(f"retention_age must be seconds >= 0, not {retention_age!r}")
+        self.retention = retention
+        self.retention_bytes = retention_bytes
+        self.retention_age = None if retention_age is None else float(retention_age)
+        self.remove_when_empty = bool(remove_when_empty)
+        self._events: list[RecoveryEvent] = []
+        self._deleted_segments = 0
+        self._deleted_bytes = 0
         self._groups: weakref.WeakSet[ConsumerGroup] = weakref.WeakSet()
         self._bases: list[int] = []
         self._floor_end = 0
@@ -239,6 +286,7 @@ class Queue(Resource):
                 self._floor_end = self._scan_end_readonly()
         else:
             self._recover()
+            self._apply_retention()
 
     def _open_position(self) -> None:
         path = self.path / POSITION_FILE
@@ -285,6 +333,9 @@ class Queue(Resource):
             if m is not None:
                 self._cut_tail(m, base, 0)
                 m.close()
+            self._events.append(RecoveryEvent(
+                "short-segment-reset", base, base, size, None, time.time()
+            ))
             create_segment(self.path, base, self.segment_size, durable=durable)
             m = map_file(path, writable=True)
             assert m is not None
@@ -338,6 +389,9 @@ class Queue(Resource):
             os.fsync(f.fileno())
         m.mm[end:last] = bytes(last - end)
         m.mm.flush()
+        self._events.append(RecoveryEvent(
+            "torn-tail-cut", base, base + end, last - end, side.name, time.time()
+        ))
         log.warning(
             "k7core: cut the torn or corrupt tail of %s at offset %d (position %d): "
             "%d bytes discarded, saved to %s",
@@ -514,6 +568,78 @@ class Queue(Resource):
         if old is not None:
             old.close()
         self._bases.append(new_base)
+        self._apply_retention()
+
+    # ------------------------------------------------------------------ retention
+
+    def enforce_retention(self) -> list[int]:
+        """Apply the retention policy now (it also runs at open and at every roll); return
+        the base offsets of the segments deleted."""
+        self._check_writable()
+        return self._apply_retention()
+
+    def _apply_retention(self) -> list[int]:
+        """Delete the oldest sealed segments the policy allows, one at a time, oldest first,
+        each unlink made durable before the next: a crash in between leaves a shorter log
+        that starts at a segment base, never a gap."""
+        if self.retention == "none" and self.retention_bytes is None and (
+            self.retention_age is None
+        ):
+            return []
+        w = self._w
+        if w is None:
+            return []
+        current = int(w.base)
+        segs = list_segment_infos(self.path)
+        sealed = [sg for sg in segs if sg.base < current]
+        ends = [sg.base for sg in segs[1:]]  # sealed[i] ends where the next segment starts
+        k = 0
+        if self.retention == "consumed":
+            cursors = read_cursors(self.path)
+            if cursors:
+                low = min(c for _, c in cursors)
+                while k < len(sealed) and ends[k] <= low:
+                    k += 1
+        if self.retention_bytes is not None:
+            total = sum(sg.size for sg in segs)
+            j = 0
+            while j < len(sealed) and total > self.retention_bytes:
+                total -= sealed[j].size
+                j += 1
+            k = max(k, j)
+        if self.retention_age is not None:
+            cutoff = time.time() - self.retention_age
+            j = 0
+            while j < len(sealed) and sealed[j].mtime < cutoff:
+                j += 1
+            k = max(k, j)
+        deleted = []
+        durable = self.fsync is not Fsync.FLUSH
+        for sg in sealed[:k]:
+            try:
+                os.unlink(self.path / segment_name(sg.base))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # never fail a write or an open because of retention
+                log.warning("k7core: retention could not delete %s: %s",
+                            segment_name(sg.base), exc.strerror)
+                break
+            else:
+                self._deleted_segments += 1
+                self._deleted_bytes += sg.size
+            deleted.append(sg.base)
+            if durable:
+                try:  # the unlink is durable before the next one: no gap after a crash
+                    fsync_dir(self.path)
+                except OSError as exc:
+                    log.warning("k7core: retention stopped: fsync of %s failed: %s",
+                                self.path, exc.strerror)
+                    break
+        if deleted:
+            self._bases = [b for b in self._bases if b > deleted[-1]]
+            log.info("k7core: retention deleted %d segment(s) of %s up to base %d",
+                     len(deleted), self.path, deleted[-1])
+        return deleted
 
     def _flusher_lock(self) -> Any:
         fl = self._r.flusher
@@ -558,13 +684,22 @@ class Queue(Resource):
             raise ClosedError(f"queue {self.path} is closed", path=self.path)
 
     def consumer_group(
-        self, name: str, *, cursor_fsync: str | Fsync = Fsync.ASYNC
+        self,
+        name: str,
+        *,
+        cursor_fsync: str | Fsync = Fsync.ASYNC,
+        on_data_loss: str = "raise",
     ) -> ConsumerGroup:
-        """Open (or create) the consumer group ``name``; one owner at a time."""
+        """Open (or create) the consumer group ``name``; one owner at a time.
+
+        ``on_data_loss``: what ``poll`` does when the next offset was deleted by retention:
+        ``"raise"`` (``DataLossError``) or ``"earliest"`` (jump to the earliest offset). A
+        new group starts at the earliest offset of the log.
+        """
         from ._group import ConsumerGroup
 
         self._check_open()
-        return ConsumerGroup(self, name, cursor_fsync=cursor_fsync)
+        return ConsumerGroup(self, name, cursor_fsync=cursor_fsync, on_data_loss=on_data_loss)
 
     def read_columnar(self, offset: int, max_messages: int = 65536) -> ColumnarBatch:
         """Read up to ``max_messages`` frames from ``offset`` (a frame boundary) in one scan.
@@ -600,6 +735,78 @@ class Queue(Resource):
         del lens[n:]
         return ColumnarBatch(offsets, starts, lens, view, next_offset)
 
+    # ------------------------------------------------------------------ introspection
+
+    def earliest(self) -> int:
+        """The first offset still in the log (the base of the oldest segment)."""
+        self._check_open()
+        bases = list_segments(self.path)
+        return bases[0] if bases else 0
+
+    def count_messages(self, start: int, end: int) -> int | None:
+        """How many frames lie in [start, end) (``start`` a frame boundary), by a CRC-checked
+        scan; None if that range is unreadable (deleted, corrupt)."""
+        self._check_open()
+        if end <= start:
+            return 0
+        r = Reader(self, 4096)
+        r.c.pos = start
+        n = 0
+        try:
+            while int(r.c.pos) < end:
+                got = r.read(4096)
+                if not got:
+                    break
+                if int(r.c.pos) <= end:
+                    n += got
+                else:
+                    n += sum(1 for i in range(got) if r.base10 + int(r.c.starts[i]) < end)
+        except K7Error:
+            return None
+        finally:
+            r.close()
+        return n
+
+    def _lag_messages(self, start: int, end: int) -> int | None:
+        return self.count_messages(start, end) if end - start <= LAG_COUNT_LIMIT else None
+
+    def stats(self) -> QueueStats:
+        """A snapshot of the queue: offsets, segments, every group's cursor and lag, syncs,
+        recovery events and retention. Reads the directory; takes no lock; works on a
+        ``readonly`` queue too."""
+        self._check_open()
+        segs = list_segment_infos(self.path)
+        end = self._visible_end()
+        earliest = segs[0].base if segs else 0
+        groups = []
+        locks = LockTable()
+        for name, committed in read_cursors(self.path):
+            lag = max(0, end - committed)
+            msgs = None if committed < earliest else self._lag_messages(committed, end)
+            groups.append(GroupInfo(name, committed, lag, msgs,
+                                    group_owned(self.path, name, locks)))
+        w = self._w
+        return QueueStats(
+            path=str(self.path),
+            readonly=self.readonly,
+            writer_active=not self.readonly or locks.locked(self.path / WRITER_LOCK),
+            fsync=None if self.readonly else self.fsync.value,
+            segment_size=None if self.readonly else self.segment_size,
+            earliest_offset=earliest,
+            next_offset=end,
+            segment_count=len(segs),
+            segment_bytes=sum(sg.size for sg in segs),
+            disk_bytes=disk_bytes(self.path),
+            segments=tuple(segs),
+            groups=tuple(groups),
+            log_syncs=int(w.nsyncs) if w is not None else None,
+            log_sync=SyncLatency.from_writer(w) if w is not None else None,
+            recovery_events=tuple(self._events),
+            retention=self.retention,
+            retention_deleted_segments=self._deleted_segments,
+            retention_deleted_bytes=self._deleted_bytes,
+        )
+
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
@@ -626,7 +833,22 @@ class Queue(Resource):
         if w is not None:
             with self._flusher_lock():
                 err = lib.k7_writer_sync(w) or err
+        held = (
+            self._lock_drained(int(w.base + w.pos))
+            if self.remove_when_empty and w is not None and not err and first_error is None
+            else None
+        )
+        remove = held is not None
+        if held is not None:
+            try:
+                self._remove_files()
+            finally:
+                for fd in held:
+                    os.close(fd)
         self._finalizer()
+        if remove:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.path)
         if first_error is not None:
             raise first_error
         if err and not self.readonly:
@@ -634,6 +856,43 @@ class Queue(Resource):
                 f"final msync of {self.path} failed: {os.strerror(err)}", errno_=err,
                 path=self.path, hint="recently enqueued messages may not be durable",
             )
+
+    def _lock_drained(self, end: int) -> list[int] | None:
+        """If every group has committed ``end`` (with no group: if the log holds no message),
+        lock every cursor file (so no consumer opens one meanwhile) and return the locked
+        fds; None, with nothing locked, otherwise or when a consumer owns a group."""
+        cursors = read_cursors(self.path)
+        if not cursors:
+            bases = list_segments(self.path)
+            return [] if not bases or end == bases[0] else None
+        if any(c < end for _, c in cursors):
+            return None
+        fds: list[int] = []
+        try:
+            for name, _ in cursors:
+                fd = os.open(self.path / cursor_name(name), os.O_RDONLY | os.O_CLOEXEC)
+                fds.append(fd)
+                if not try_lock(fd):
+                    raise BlockingIOError
+            if all(c >= end for _, c in read_cursors(self.path)):  # unchanged since
+                return fds
+        except OSError:
+            pass
+        for fd in fds:
+            os.close(fd)
+        return None
+
+    def _remove_files(self) -> None:
+        """Delete every file of the queue, the writer lock last (we still hold it)."""
+        for name in os.listdir(self.path):
+            if SEGMENT_RE.match(name) or (
+                name.startswith("cursor-") and name.endswith(".k7")
+            ) or (name.startswith("k7py-") and name != WRITER_LOCK and name != "k7py-staging"):
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                    os.unlink(self.path / name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path / WRITER_LOCK)
+        log.info("k7core: removed the drained queue %s", self.path)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("readonly" if self.readonly else self.fsync.value)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import bisect
+import errno
 from typing import TYPE_CHECKING
 
-from ._errors import CorruptFrameError
+from ._errors import CorruptFrameError, DataLossError, StorageError
 from ._format import FRAME_HEADER, segment_name
 from ._kernel import SCAN_CORRUPT, SCAN_EMPTY, ffi, lib
 from ._native._fast import Fetcher
@@ -92,11 +93,21 @@ class Reader:
             bases = self._queue._segment_bases(refresh=True)
             i = bisect.bisect_right(bases, pos) - 1
         if i < 0:
+            if bases:
+                raise self._data_loss(pos, bases[0])
             raise CorruptFrameError(
                 f"offset {pos} is before the first segment of the queue",
                 path=self._queue.path, offset=pos, hint="seek to a later offset",
             )
         self._map_segment(bases[i])
+
+    def _data_loss(self, pos: int, earliest: int) -> DataLossError:
+        return DataLossError(
+            f"offset {pos} was deleted by retention; the log now starts at {earliest}",
+            path=self._queue.path, offset=pos, earliest=earliest,
+            hint=f"seek({earliest}) to continue from the earliest message, or open the group "
+            "with on_data_loss='earliest'",
+        )
 
     def _map_size_is_stale(self, base: int) -> bool:
         return self._map is None and int(self.c.base) == base
@@ -111,6 +122,8 @@ class Reader:
         if pos in bases and pos != cur:
             self._map_segment(pos)
             return
+        if bases and pos < bases[0]:
+            raise self._data_loss(pos, bases[0])
         later = [b for b in bases if b > pos]
         raise CorruptFrameError(
             f"no valid frame at offset {pos} in {segment_name(cur)} and no segment starts there",
@@ -121,7 +134,13 @@ class Reader:
 
     def _map_segment(self, base: int) -> None:
         self.close()
-        m = map_file(self._queue.path / segment_name(base), writable=False)
+        try:
+            m = map_file(self._queue.path / segment_name(base), writable=False)
+        except StorageError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+            bases = self._queue._segment_bases(refresh=True)  # deleted by retention just now
+            raise self._data_loss(base, bases[0] if bases else base) from None
         c = self.c
         c.base = base
         self.base10 = base - FRAME_HEADER

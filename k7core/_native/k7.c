@@ -308,6 +308,24 @@ int k7_prefault(uint8_t *addr, int64_t len) {
 
 /* ------------------------------------------------------------------ writer */
 
+/* msync of the log, timed for Queue.stats() (two vDSO clock reads around a syscall that
+ * takes microseconds at least). */
+static int writer_msync(k7_writer *w, int64_t start, int64_t end) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    int rc = k7_msync(w->seg, start, end);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    int64_t ns = (int64_t)(b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
+    if (ns < 0) ns = 0;
+    w->nsyncs++;
+    w->sync_ns += ns;
+    if (ns > w->sync_max_ns) w->sync_max_ns = ns;
+    int k = ns > 0 ? 64 - __builtin_clzll((uint64_t)ns) : 0;
+    if (k > 39) k = 39;
+    w->sync_hist[k]++;
+    return rc;
+}
+
 static inline int64_t finish(k7_writer *w, int64_t start) {
     int64_t pos = w->pos;
     STORE_REL(&w->written, pos);
@@ -319,8 +337,7 @@ static inline int64_t finish(k7_writer *w, int64_t start) {
         k7_bell_ring(w->bell);
         break;
     default: {
-        int rc = k7_msync(w->seg, start, pos);
-        w->nsyncs++;
+        int rc = writer_msync(w, start, pos);
         if (rc) {
             w->err = rc;
             memset(w->seg + start, 0, (size_t)(pos - start));
@@ -392,8 +409,7 @@ K7_APPEND_COLUMNAR(k7_append_columnar32, int32_t)
 int k7_writer_sync(k7_writer *w) {
     int64_t end = LOAD_ACQ(&w->written);
     if (end > w->synced) {
-        int rc = k7_msync(w->seg, w->synced, end);
-        w->nsyncs++;
+        int rc = writer_msync(w, w->synced, end);
         if (rc) { w->err = rc; return rc; }
         w->synced = end;
     }
@@ -409,8 +425,7 @@ void k7_writer_rollback(k7_writer *w, int64_t pos) {
     w->pos = pos;
     STORE_REL(&w->written, pos);
     if (w->synced > pos) {  /* the zeros replace synced frames: make them durable too */
-        int rc = k7_msync(w->seg, pos, old);
-        w->nsyncs++;
+        int rc = writer_msync(w, pos, old);
         if (rc) w->err = rc;
         w->synced = pos;
     }

@@ -57,6 +57,9 @@ typedef struct {
     int32_t err;         /* errno of the last failed msync */
     int64_t nsyncs;      /* msync calls made */
     int64_t max_frame;   /* batches: frames larger than this are refused up front (0: no check) */
+    int64_t sync_ns;     /* total time in the log's msyncs (ns) */
+    int64_t sync_max_ns; /* longest msync of the log (ns) */
+    int64_t sync_hist[40]; /* msyncs by duration: bucket k counts those of [2^(k-1), 2^k) ns */
 } k7_writer;
 
 /* Cursor state: one per consumer group (process-private). */

@@ -42,6 +42,21 @@ Modes:
     (bounded) until a reader has registered as a waiter in the position file, enqueue
     ``payload(i)``, print ``<i> <offset> <saw_waiter 0|1> <time.monotonic() after enqueue>``.
 
+``retain DIR SEGMENT_SIZE RETENTION_BYTES``
+    Print ``opening``, open the queue as writer with ``retention="consumed"`` and
+    ``retention_bytes`` (retention runs at open too), print ``ready <earliest> <start>``
+    (``start``: the index after the last message in the log), then enqueue forever,
+    printing ``<i> <offset>`` after each.
+
+``lag-reader DIR GROUP``
+    Open the queue read-only and the group; poll one message and print ``first <offset>``;
+    wait for a line on stdin, then poll to the end of the log (``timeout=0``), checking
+    every payload, and print ``read <count> <last index>``, or ``dataloss <offset>
+    <earliest>`` if retention deleted what comes next.
+
+``stats DIR``
+    Open the queue read-only and print ``Queue.stats()`` as one JSON line.
+
 ``open-on-wait DIR FSYNC``
     Print ``ready``; wait (bounded) until a reader waits on the position file, *then* open
     the queue as writer and enqueue ``payload(0)``; print as ``wake`` does; block until
@@ -268,7 +283,72 @@ def _mixed(argv: list[str]) -> None:
             written = q.end
 
 
+def _retain(argv: list[str]) -> None:
+    import k7core
+
+    d, seg, limit = argv
+    _out("opening")
+    q = k7core.Queue(d, fsync="flush", segment_size=int(seg), retention="consumed",
+                     retention_bytes=int(limit))
+    start, off = 0, q.earliest()
+    while True:  # the index after the last message: messages name themselves
+        batch = q.read_columnar(off)
+        if not len(batch):
+            break
+        start = int(bytes(batch.payload(len(batch) - 1)[1:9])) + 1
+        off = batch.next
+    _out(f"ready {q.earliest()} {start}")
+    i = start
+    while True:
+        o = q.enqueue(payload(i))
+        os.write(1, b"%d %d\n" % (i, o))
+        i += 1
+
+
+def _lag_reader(argv: list[str]) -> None:
+    import k7core
+
+    d, group = argv
+    q = k7core.Queue(d, readonly=True)
+    g = q.consumer_group(group, cursor_fsync="flush")
+    first = g.poll(max_batch=1, timeout=5.0)
+    assert first and bytes(first[0].payload) == payload(0), first
+    g.ack(first[0])
+    _out(f"first {first[0].offset}")
+    sys.stdin.readline()
+    n, last = 1, 0
+    try:
+        while True:
+            msgs = g.poll(max_batch=64, timeout=0)
+            if not msgs:
+                break
+            for m in msgs:
+                assert bytes(m.payload) == payload(n), (n, bytes(m.payload[:12]))
+                last = n
+                n += 1
+            g.ack_many(msgs)
+    except k7core.DataLossError as exc:
+        _out(f"dataloss {exc.offset} {exc.earliest}")
+    else:
+        _out(f"read {n} {last}")
+    g.close()
+    q.close()
+
+
+def _stats(argv: list[str]) -> None:
+    import dataclasses
+    import json
+
+    import k7core
+
+    with k7core.Queue(argv[0], readonly=True) as q:
+        _out(json.dumps(dataclasses.asdict(q.stats())))
+
+
 MODES = {
+    "retain": _retain,
+    "lag-reader": _lag_reader,
+    "stats": _stats,
     "write": _write,
     "consume": _consume,
     "mixed": _mixed,

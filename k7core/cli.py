@@ -1,0 +1,632 @@
+"""The ``k7`` command line (``pip install k7py[cli]``): inspect, verify, tail, produce,
+manage groups, repair and benchmark a queue directory.
+
+Exit status: 0 success; 1 ``verify`` found corruption; 2 bad usage or argument; 3 the
+operation failed (missing directory, not a queue, locked by a writer, group busy, ...).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import errno
+import json
+import logging
+import mmap
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+try:
+    import click
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+    from rich.table import Table
+except ImportError as exc:  # pragma: no cover - only without the extra
+    raise SystemExit(
+        f"k7: the command line needs click and rich ({exc}): pip install 'k7py[cli]'"
+    ) from exc
+
+from ._errors import DataLossError, K7Error
+from ._format import (
+    DEFAULT_SEGMENT_SIZE,
+    FRAME_HEADER,
+    WRITER_LOCK,
+    cursor_name,
+    segment_name,
+)
+from ._kernel import SCAN_CORRUPT, SCAN_OK, ffi, lib
+from ._queue import Queue
+from ._stats import SegmentInfo, list_segment_infos
+from ._storage import data_regions, lock_is_free, try_lock
+
+EXIT_CORRUPT = 1
+EXIT_ERROR = 3
+
+
+class CliError(click.ClickException):
+    """An operation failed: printed as ``Error: ...`` with exit status 3."""
+
+    exit_code = EXIT_ERROR
+
+
+class _Group(click.Group):
+    """Turns every ``K7Error`` into a clear message and exit status 3."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except K7Error as exc:
+            raise CliError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _err() -> Console:
+    return Console(stderr=True)
+
+
+def _queue_dir(path: str) -> Path:
+    """``path`` as an existing queue directory, or a CliError that says what is wrong."""
+    d = Path(path)
+    if not d.exists():
+        raise CliError(f"{d}: no such directory")
+    if not d.is_dir():
+        raise CliError(f"{d} is not a directory")
+    try:
+        segs = list_segment_infos(d)
+    except PermissionError as exc:
+        raise CliError(f"{d}: {exc.strerror}") from exc
+    if not segs:
+        raise CliError(f"{d} is not a k7 queue (it holds no seg-*.k7 file)")
+    return d
+
+
+def _segment_size(segs: list[SegmentInfo]) -> int:
+    """The segment size of an existing queue: its largest segment file (new segments match)."""
+    size = max((s.size for s in segs), default=DEFAULT_SEGMENT_SIZE)
+    return size if size >= 64 and size % 8 == 0 else DEFAULT_SEGMENT_SIZE
+
+
+def _writer(d: Path, **kw: Any) -> Queue:
+    return Queue(d, segment_size=_segment_size(list_segment_infos(d)), **kw)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="k7py", prog_name="k7")
+def cli() -> None:
+    """Operate k7 queue directories."""
+
+
+# ---------------------------------------------------------------------------------- info
+
+
+@cli.command()
+@click.argument("directory")
+@click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
+def info(directory: str, as_json: bool) -> None:
+    """Segments, sizes, offsets and groups (with lag) of a queue."""
+    d = _queue_dir(directory)
+    with Queue(d, readonly=True) as q:
+        st = q.stats()
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(st), indent=2))
+        return
+    out = Console(width=max(100, shutil.get_terminal_size().columns))
+    out.print(f"[bold]{d}[/bold]  writer {'open' if st.writer_active else 'closed'}")
+    head = Table("earliest", "next offset", "log bytes", "segments", "on disk", box=None)
+    head.add_row(str(st.earliest_offset), str(st.next_offset),
+                 str(st.next_offset - st.earliest_offset), str(st.segment_count),
+                 _human(st.disk_bytes))
+    out.print(head)
+    segs = Table("segment", "base", "data bytes", "file size", title="segments")
+    for i, s in enumerate(st.segments):
+        end = st.segments[i + 1].base if i + 1 < len(st.segments) else max(st.next_offset, s.base)
+        segs.add_row(segment_name(s.base), str(s.base), str(end - s.base), _human(s.size))
+    out.print(segs)
+    if st.groups:
+        groups = Table("group", "committed", "lag bytes", "lag messages", "owner", title="groups")
+        for g in st.groups:
+            groups.add_row(g.name, str(g.committed), str(g.lag_bytes),
+                           "?" if g.lag_messages is None else str(g.lag_messages),
+                           "yes" if g.owned else "-")
+        out.print(groups)
+    else:
+        out.print("no consumer groups")
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(n)
+
+
+# ---------------------------------------------------------------------------------- verify
+
+
+@dataclasses.dataclass
+class _Problem:
+    kind: str  # "corrupt-frame" | "missing-data" | "short-segment" | "torn-tail"
+    segment: int
+    offset: int
+    nbytes: int | None = None
+
+    def describe(self) -> str:
+        where = f"{segment_name(self.segment)} offset {self.offset} " \
+                f"(position {self.offset - self.segment})"
+        if self.kind == "corrupt-frame":
+            return f"corrupt frame: {where}"
+        if self.kind == "missing-data":
+            return f"no frame where the sealed segment has data: {where}"
+        if self.kind == "short-segment":
+            return (f"segment file too short: {segment_name(self.segment)} ends at position "
+                    f"{self.offset - self.segment}, before its seal point {self.nbytes}")
+        return (f"torn tail: {where}, {self.nbytes} bytes after the last valid frame "
+                "(a writer's open cuts it; `k7 repair` does it now)")
+
+
+def _map_readonly(path: Path) -> mmap.mmap | None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) if size else None
+    finally:
+        os.close(fd)
+
+
+def _verify_segment(
+    path: Path, base: int, limit: int | None, advance: Any, problems: list[_Problem]
+) -> int:
+    """CRC-check every frame of one segment (``limit``: where a sealed segment was sealed,
+    i.e. where its data must end; None for the last one). Returns the valid frames."""
+    mm = _map_readonly(path)
+    if mm is None:
+        if limit:
+            problems.append(_Problem("short-segment", base, base, limit))
+        return 0
+    chunk = 65536
+    starts, lens = ffi.new("int64_t[]", chunk), ffi.new("int64_t[]", chunk)
+    nxt, status = ffi.new("int64_t *"), ffi.new("int32_t *")
+    buf = ffi.from_buffer(mm)
+    size = len(mm)
+    end = size if limit is None else min(limit, size)
+    pos = frames = 0
+    try:
+        while pos < end:
+            frames += int(lib.k7_scan(buf, size, pos, end, chunk, starts, lens, nxt, status))
+            advance(int(nxt[0]) - pos)
+            pos = int(nxt[0])
+            st = int(status[0])
+            if st == SCAN_OK:
+                continue  # the seal point, or a full chunk
+            if limit is None:
+                break  # the end of the written data, or a torn tail (checked below)
+            # a sealed segment's frames run up to its seal point without a break
+            kind = "corrupt-frame" if st == SCAN_CORRUPT else "missing-data"
+            problems.append(_Problem(kind, base, base + pos))
+            resync = _resync(mm, buf, pos + 8, end)
+            advance(resync - pos)
+            pos = resync
+        if limit is None:
+            last = pos
+            for lo, hi in data_regions(path, pos, size):
+                last = max(last, int(lib.k7_last_nonzero(buf, max(lo, pos), hi)))
+            if last > pos:
+                problems.append(_Problem("torn-tail", base, base + pos, last - pos))
+        elif size < limit:
+            problems.append(_Problem("short-segment", base, base + size, limit))
+        advance(max(0, size - pos))
+    finally:
+        ffi.release(buf)
+        mm.close()
+    return frames
+
+
+def _resync(mm: mmap.mmap, buf: Any, start: int, end: int) -> int:
+    """The next 8-aligned position in [start, end) that holds a valid frame, else ``end``."""
+    one_s, one_l = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+    nxt, status = ffi.new("int64_t *"), ffi.new("int32_t *")
+    pos = start
+    while pos < end:
+        pos = mm.find(b"K\x01", pos, end)
+        if pos < 0:
+            return end
+        if pos % 8 == 0 and lib.k7_scan(buf, len(mm), pos, end, 1, one_s, one_l, nxt, status):
+            return pos
+        pos += 1
+    return end
+
+
+@cli.command()
+@click.argument("directory")
+def verify(directory: str) -> None:
+    """CRC-check every frame; report corrupt frames and the torn tail. Never writes.
+
+    Exit status 0 when clean, 1 when anything is corrupt or torn. A writer that is
+    appending while this runs may show an in-progress frame as a torn tail.
+    """
+    d = _queue_dir(directory)
+    segs = list_segment_infos(d)
+    problems: list[_Problem] = []
+    frames = 0
+    console = _err()
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+        console=console, transient=True, disable=not console.is_terminal,
+    ) as progress:
+        task = progress.add_task("verifying", total=sum(s.size for s in segs))
+
+        def advance(n: int) -> None:
+            progress.advance(task, n)
+
+        for i, s in enumerate(segs):
+            progress.update(task, description=segment_name(s.base))
+            limit = segs[i + 1].base - s.base if i + 1 < len(segs) else None
+            try:
+                frames += _verify_segment(d / segment_name(s.base), s.base, limit, advance,
+                                          problems)
+            except FileNotFoundError:
+                continue  # deleted by retention while we were verifying
+    for p in problems:
+        click.echo(p.describe())
+    if problems:
+        click.echo(f"{len(problems)} problem(s) in {len(segs)} segment(s); "
+                   f"{frames} valid frames")
+        sys.exit(EXIT_CORRUPT)
+    click.echo(f"ok: {frames} frames in {len(segs)} segment(s), every CRC32C matches")
+
+
+# ---------------------------------------------------------------------------------- tail
+
+
+def _emit(out: IO[bytes], fmt: str, offsets: bool, offset: int, payload: memoryview) -> None:
+    if fmt == "raw":
+        out.write(payload)
+        return
+    if fmt == "json":
+        data = bytes(payload)
+        rec: dict[str, Any] = {"offset": offset}
+        try:
+            rec["payload"] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            rec["payload_base64"] = base64.b64encode(data).decode()
+        out.write(json.dumps(rec).encode() + b"\n")
+        return
+    text = bytes(payload).hex().encode() if fmt == "hex" else bytes(payload)
+    out.write((b"%d\t" % offset if offsets else b"") + text + b"\n")
+
+
+def _start_offset(q: Queue, value: str) -> int:
+    if value == "earliest":
+        return q.earliest()
+    if value == "latest":
+        return q.end
+    try:
+        off = int(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not 'earliest', 'latest' or an offset", param_hint="--from"
+        ) from None
+    if off < 0:
+        raise click.BadParameter("an offset is >= 0", param_hint="--from")
+    return off
+
+
+@cli.command()
+@click.argument("directory")
+@click.option("--group", "-g", help="Read as this consumer group, acking what is printed.")
+@click.option("--from", "start", metavar="earliest|latest|OFFSET",
+              help="Where to start (default: earliest; with --group, the group's cursor).")
+@click.option("--follow", "-f", is_flag=True, help="Keep waiting for new messages.")
+@click.option("--format", "fmt", type=click.Choice(["utf8", "hex", "json", "raw"]),
+              default="utf8", show_default=True)
+@click.option("--offsets", is_flag=True, help="Prefix utf8 / hex lines with the offset.")
+@click.option("--max", "max_n", type=click.IntRange(min=1), help="Stop after N messages.")
+def tail(directory: str, group: str | None, start: str | None, follow: bool, fmt: str,
+         offsets: bool, max_n: int | None) -> None:
+    """Print messages, one per line (``raw``: the bytes as they are)."""
+    d = _queue_dir(directory)
+    out = sys.stdout.buffer
+    left = max_n if max_n is not None else -1
+    try:
+        with Queue(d, readonly=True) as q:
+            if group is not None:
+                with q.consumer_group(group) as g:
+                    if start is not None:
+                        g.seek(_start_offset(q, start))
+                    while left:
+                        try:
+                            msgs = g.poll(max_batch=256 if left < 0 else min(256, left),
+                                          timeout=0.2 if follow else 0)
+                        except DataLossError as exc:
+                            _err().print(f"[yellow]warning:[/yellow] {exc}; "
+                                         f"jumping to {exc.earliest}")
+                            g.seek(exc.earliest)
+                            continue
+                        if not msgs:
+                            if not follow:
+                                break
+                            continue
+                        for m in msgs:
+                            _emit(out, fmt, offsets, m.offset, m.payload)
+                        out.flush()
+                        g.ack_many(msgs)
+                        left -= len(msgs) if left > 0 else 0
+                return
+            pos = _start_offset(q, start or "earliest")
+            while left:
+                try:
+                    batch = q.read_columnar(pos, 4096 if left < 0 else min(4096, left))
+                except DataLossError as exc:
+                    _err().print(f"[yellow]warning:[/yellow] {exc}; jumping to {exc.earliest}")
+                    pos = exc.earliest
+                    continue
+                if not len(batch):
+                    if not follow:
+                        break
+                    q._wait(q.end, 0.2)
+                    continue
+                for i in range(len(batch)):
+                    _emit(out, fmt, offsets, batch.offsets[i], batch.payload(i))
+                out.flush()
+                pos = batch.next
+                left -= len(batch) if left > 0 else 0
+    except BrokenPipeError:  # `k7 tail DIR | head`
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except KeyboardInterrupt:
+        pass
+
+
+# ---------------------------------------------------------------------------------- produce
+
+
+def _records(stream: IO[bytes], sep: bytes) -> Iterator[bytes]:
+    rest = b""
+    while chunk := stream.read(1 << 20):
+        parts = (rest + chunk).split(sep)
+        rest = parts.pop()
+        yield from parts
+    if rest:
+        yield rest
+
+
+@cli.command()
+@click.argument("directory")
+@click.option("--null", "-0", "null", is_flag=True, help="Messages are NUL-separated.")
+@click.option("--batch", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Messages per enqueue_many call.")
+@click.option("--create", is_flag=True, help="Create the queue if the directory is not one.")
+@click.option("--segment-size", type=click.IntRange(min=64), default=None,
+              help="Segment size in bytes for a new queue (default 256 MiB).")
+@click.option("--fsync", type=click.Choice(["flush", "async", "sync"]), default="async",
+              show_default=True)
+def produce(directory: str, null: bool, batch: int, create: bool, segment_size: int | None,
+            fsync: str) -> None:
+    """Append one message per line of standard input (or per NUL-separated record)."""
+    if create and not (Path(directory).is_dir() and list_segment_infos(Path(directory))):
+        if Path(directory).exists() and not Path(directory).is_dir():
+            raise CliError(f"{directory} is not a directory")
+        if segment_size is not None and segment_size % 8:
+            raise click.BadParameter("a multiple of 8", param_hint="--segment-size")
+        q = Queue(directory, segment_size=segment_size or DEFAULT_SEGMENT_SIZE, fsync=fsync)
+    else:
+        q = _writer(_queue_dir(directory), fsync=fsync)
+    n, first, last = 0, -1, -1
+    with q:
+        pending: list[bytes] = []
+        for rec in _records(sys.stdin.buffer, b"\0" if null else b"\n"):
+            pending.append(rec)
+            if len(pending) >= batch:
+                offs = q.enqueue_many(pending)
+                first = offs[0] if first < 0 else first
+                last, n, pending = offs[-1], n + len(offs), []
+        if pending:
+            offs = q.enqueue_many(pending)
+            first = offs[0] if first < 0 else first
+            last, n = offs[-1], n + len(offs)
+    where = f" (offsets {first}..{last})" if n else ""
+    _err().print(f"produced {n} message(s){where}")
+
+
+# ---------------------------------------------------------------------------------- group
+
+
+@cli.group("group", cls=_Group)
+@click.argument("directory")
+@click.pass_context
+def group_cmd(ctx: click.Context, directory: str) -> None:
+    """Consumer groups: list, seek, delete."""
+    ctx.obj = _queue_dir(directory)
+
+
+def _existing_group(d: Path, name: str) -> Path:
+    path = d / cursor_name(name)
+    if "/" in name or not path.is_file():
+        raise CliError(f"{d} has no consumer group {name!r}")
+    return path
+
+
+@group_cmd.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def group_list(d: Path, as_json: bool) -> None:
+    """Every group: committed offset, lag, whether a consumer owns it now."""
+    with Queue(d, readonly=True) as q:
+        groups = q.stats().groups
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(g) for g in groups], indent=2))
+        return
+    t = Table("group", "committed", "lag bytes", "lag messages", "owner")
+    for g in groups:
+        t.add_row(g.name, str(g.committed), str(g.lag_bytes),
+                  "?" if g.lag_messages is None else str(g.lag_messages),
+                  "yes" if g.owned else "-")
+    Console(width=100).print(t if groups else "no consumer groups")
+
+
+@group_cmd.command("seek")
+@click.argument("group")
+@click.argument("target", metavar="OFFSET|earliest|latest")
+@click.pass_obj
+def group_seek(d: Path, group: str, target: str) -> None:
+    """Move GROUP's committed cursor (the group must not be owned by a running consumer)."""
+    _existing_group(d, group)
+    with Queue(d, readonly=True) as q:
+        off = _start_offset(q, target)
+        earliest, end = q.earliest(), q.end
+        if not earliest <= off <= end:
+            raise click.BadParameter(
+                f"offset {off} is outside the log [{earliest}, {end}]", param_hint="OFFSET"
+            )
+        if off < end:
+            try:
+                q.read_columnar(off, 1)
+            except K7Error:
+                raise click.BadParameter(
+                    f"offset {off} is not the start of a valid frame", param_hint="OFFSET"
+                ) from None
+        with q.consumer_group(group, cursor_fsync="sync") as g:
+            before = g.committed
+            g.seek(off)
+    click.echo(f"group {group!r}: committed {before} -> {off}")
+
+
+@group_cmd.command("delete")
+@click.argument("group")
+@click.pass_obj
+def group_delete(d: Path, group: str) -> None:
+    """Delete GROUP's cursor file (refused while a consumer owns it)."""
+    path = _existing_group(d, group)
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        if not try_lock(fd):
+            raise CliError(f"group {group!r} is owned by a running consumer; close it first")
+        committed = int.from_bytes(os.pread(fd, 8, 0).rjust(8, b"\0"), "big", signed=True)
+        os.unlink(path)
+    finally:
+        os.close(fd)
+    click.echo(f"deleted group {group!r} (it had committed {committed})")
+
+
+# ---------------------------------------------------------------------------------- repair
+
+
+@cli.command()
+@click.argument("directory")
+def repair(directory: str) -> None:
+    """Cut a torn tail now (the bytes go to a k7py-torn-*.bin side file) and say what was done.
+
+    This is the recovery a writer runs when it opens the queue; it needs the writer lock.
+    """
+    d = _queue_dir(directory)
+    if not lock_is_free(d / WRITER_LOCK):
+        raise CliError(f"{d} is open by a writer, whose open already repaired it; "
+                       "stop the writer to repair")
+    log = logging.getLogger("k7core")
+    quiet = logging.NullHandler()  # the events are reported below, not logged twice
+    log.addHandler(quiet)
+    try:
+        with _writer(d, fsync="sync") as q:
+            events = q.stats().recovery_events
+    finally:
+        log.removeHandler(quiet)
+    if not events:
+        click.echo("nothing to repair: the last segment ends with a valid frame")
+        return
+    for ev in events:
+        if ev.kind == "torn-tail-cut":
+            click.echo(f"cut the torn tail of {segment_name(ev.segment)} at offset {ev.offset}: "
+                       f"{ev.nbytes} bytes saved to {ev.side_file} and zeroed")
+        else:
+            click.echo(f"re-created the short last segment {segment_name(ev.segment)} "
+                       f"({ev.nbytes} bytes) as an empty segment")
+
+
+# ---------------------------------------------------------------------------------- bench
+
+
+@cli.command()
+@click.option("--seconds", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
+              help="Total duration.")
+@click.option("--size", type=click.IntRange(0, 1 << 20), default=32, show_default=True,
+              help="Payload bytes.")
+@click.option("--fsync", type=click.Choice(["flush", "async", "sync"]), default="flush",
+              show_default=True)
+@click.option("--dir", "where", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Where to put the temporary queue (default: the system temp directory).")
+@click.option("--json", "as_json", is_flag=True)
+def bench(seconds: float, size: int, fsync: str, where: str | None, as_json: bool) -> None:
+    """A quick measurement of this machine: enqueue, enqueue_many and poll+ack."""
+    payload = b"x" * size
+    cap = 512 << 20  # bytes of log at most, whatever the speed
+    rows: list[dict[str, Any]] = []
+    tmp = tempfile.mkdtemp(prefix="k7-bench-", dir=where)
+    try:
+        with Queue(tmp, segment_size=64 << 20, fsync=fsync) as q:
+            rows.append(_timed("enqueue", seconds * 0.4, size, cap // 2,
+                               lambda: [q.enqueue(payload) for _ in range(1000)]))
+            batch = [payload] * 256
+            rows.append(_timed("enqueue_many(256)", seconds * 0.2, size, cap // 2,
+                               lambda: q.enqueue_many(batch)))
+            q.sync()
+            with q.consumer_group("bench") as g:
+
+                def poll_ack() -> list[Any]:
+                    msgs = g.poll(max_batch=256, timeout=0)
+                    g.ack_many(msgs)
+                    return msgs
+
+                rows.append(_timed("poll+ack(256)", seconds * 0.4, size, cap, poll_ack))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    t = Table("operation", "messages", "seconds", "msg/s", "MB/s",
+              title=f"k7 bench: {size}-byte payloads, fsync={fsync}")
+    for r in rows:
+        t.add_row(r["operation"], str(r["messages"]), f"{r['seconds']:.2f}",
+                  f"{r['per_second']:,.0f}", f"{r['mb_per_second']:.1f}")
+    Console().print(t)
+
+
+def _timed(name: str, seconds: float, size: int, max_bytes: int, step: Any) -> dict[str, Any]:
+    n = 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    frame = (FRAME_HEADER + size + 7) & ~7
+    while time.perf_counter() < deadline and n * frame < max_bytes:
+        got = len(step())
+        if not got:
+            break
+        n += got
+    dt = max(time.perf_counter() - t0, 1e-9)
+    return {"operation": name, "messages": n, "seconds": dt, "per_second": n / dt,
+            "mb_per_second": n * size / dt / 1e6}
+
+
+def main() -> None:
+    """Entry point of the ``k7`` console script and ``python -m k7core``."""
+    try:
+        cli(prog_name="k7")
+    except OSError as exc:
+        if exc.errno == errno.EPIPE:
+            sys.exit(0)
+        raise
+
+
+__all__ = ["cli", "main"]

@@ -22,12 +22,14 @@ Modes:
     ``end`` and block on stdin until the parent closes it (or kills us).
 
 ``mixed DIR FSYNC CURSOR_FSYNC SEGMENT_SIZE SEED``
-    The crash matrix's program. Open the queue as writer and group ``g``; print ``ready <n>
-    <committed>`` (``n``: messages in the log). Then, forever, pick an action at random and
-    print its phase marker *before* doing it: ``P enqueue`` (1-8 ``enqueue`` calls of the
-    next messages, ``E <i> <offset>`` after each returned), ``P roll`` (the same, when the
-    next message does not fit in the current segment), ``P ack`` (a ``poll`` of 1-16, then
-    ``S <offset>`` before and ``A <offset>`` after each ``ack``), ``P close`` (close group
+    The crash matrix's program. Open the queue as writer (``retention="consumed"``) and
+    group ``g``; print ``ready <n> <committed>`` (``n``: the index after the last message).
+    Then, forever, pick an action at random and print its phase marker *before* doing it:
+    ``P enqueue`` (1-8 ``enqueue`` calls of the next messages, ``E <i> <offset>`` after each
+    returned), ``P roll`` (the same, when the next message does not fit in the current
+    segment), ``P retention`` (a roll when the group has consumed every sealed segment, so
+    the roll deletes them), ``P ack`` (a ``poll`` of 1-16, then
+    ``S <offset> <i>`` before and ``A <offset>`` after each ``ack``), ``P close`` (close group
     and queue, print ``closed``, reopen, print ``ready ...`` again).
 
 ``hold DIR GROUP``
@@ -123,14 +125,18 @@ def _write(argv: list[str]) -> None:
 
 
 def _count_messages(q: object) -> int:
-    """How many messages the log holds (each one names its index: check them all)."""
-    off, n = 0, 0
+    """The index after the last message of the log (each message names its index: check
+    that they follow each other from the earliest one retention left)."""
+    off, n = q.earliest(), None  # type: ignore[attr-defined]
     while True:
         batch = q.read_columnar(off)  # type: ignore[attr-defined]
         if not len(batch):
-            return n
+            return n or 0
         for k in range(len(batch)):
-            assert bytes(batch.payload(k)[:10]) == b"m%08d-" % n, (n, bytes(batch.payload(k)))
+            head = bytes(batch.payload(k)[:10])
+            if n is None:
+                n = int(head[1:9])
+            assert head == b"m%08d-" % n, (n, head)
             n += 1
         off = batch.next
 
@@ -243,17 +249,18 @@ def _mixed(argv: list[str]) -> None:
     rng = random.Random(int(seed))
 
     def open_all() -> tuple[k7core.Queue, k7core.ConsumerGroup, int]:
-        q = k7core.Queue(d, fsync=fsync, segment_size=seg_i)
+        q = k7core.Queue(d, fsync=fsync, segment_size=seg_i, retention="consumed")
         g = q.consumer_group("g", cursor_fsync=cursor_fsync)
         n = _count_messages(q)
         _out(f"ready {n} {g.committed}")
         return q, g, n
 
-    def segment_room(written: int) -> int:
-        """Bytes left in the segment being written (its base is the newest file's name)."""
+    def segment(written: int) -> tuple[int, int]:
+        """The base of the segment being written (the newest file's name) and the bytes
+        left in it."""
         base = max(int(f[4:-3]) for f in os.listdir(d) if f.startswith("seg-"))
         size = os.path.getsize(os.path.join(d, f"seg-{base:020d}.k7"))
-        return base + size - written
+        return base, base + size - written
 
     q, g, i = open_all()
     written = q.end  # end of the frames written ("async": q.end lags behind the msyncs)
@@ -263,7 +270,11 @@ def _mixed(argv: list[str]) -> None:
             for _ in range(rng.randint(1, 8)):
                 data = payload(i)
                 size = k7core.frame_size(len(data))
-                _out("P roll" if size > segment_room(written) else "P enqueue")
+                base, room = segment(written)
+                if size <= room:
+                    _out("P enqueue")
+                else:  # a roll; it deletes the sealed segments the group has consumed
+                    _out("P retention" if g.committed >= base else "P roll")
                 off = q.enqueue(data)
                 os.write(1, b"E %d %d\n" % (i, off))
                 written = off + size
@@ -271,7 +282,7 @@ def _mixed(argv: list[str]) -> None:
         elif action == "ack":
             _out("P ack")
             for m in g.poll(max_batch=rng.randint(1, 16), timeout=0):
-                os.write(1, b"S %d\n" % m.offset)
+                os.write(1, b"S %d %d\n" % (m.offset, int(bytes(m.payload[1:9]))))
                 g.ack(m)
                 os.write(1, b"A %d\n" % m.offset)
         else:

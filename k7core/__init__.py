@@ -8,6 +8,7 @@
 """
 
 from ._errors import ClosedError as ClosedError
+from ._errors import ConcurrentUseError as ConcurrentUseError
 from ._errors import CorruptFrameError as CorruptFrameError
 from ._errors import DataLossError as DataLossError
 from ._errors import GroupBusyError as GroupBusyError
@@ -40,6 +41,7 @@ __all__ = [
     "LAG_COUNT_LIMIT",
     "ClosedError",
     "ColumnarBatch",
+    "ConcurrentUseError",
     "ConsumerGroup",
     "CorruptFrameError",
     "DataLossError",

@@ -37,6 +37,11 @@ class GroupBusyError(K7Error):
     """Another owner (this process or another) holds the consumer group's lock."""
 
 
+class ConcurrentUseError(K7Error, RuntimeError):
+    """A queue's writer (``enqueue``...) or a consumer group was used from a second thread
+    while another thread was inside a call on it. Use each from one thread at a time."""
+
+
 class ClosedError(K7Error):
     """The queue or consumer group was closed; it cannot be used any more."""
 

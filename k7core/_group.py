@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import ClosedError, DataLossError, GroupBusyError, StorageError
 from ._format import CURSOR_FILE_SIZE, Fsync, check_group_name, cursor_name, parse_fsync
-from ._kernel import SCAN_CORRUPT, address, ffi, lib
+from ._kernel import SCAN_CORRUPT, address, ffi, lib, owned
 from ._native._fast import Fetcher
 from ._reader import Reader
 from ._resource import Resource
@@ -159,30 +159,31 @@ class ConsumerGroup(Resource):
         return self._poll_slow(max_batch, timeout)
 
     def _poll_slow(self, max_batch: int, timeout: float) -> list[Message]:
-        if self._closed:
-            self._raise_closed()
-        if max_batch < 1:
-            raise ValueError("max_batch must be >= 1")
-        if self._redeliver:
-            out = self._take_redeliveries(max_batch)
-            if len(out) == max_batch:
-                return out
-            return out + self._read(max_batch - len(out))
-        msgs = self._read(max_batch)
-        if msgs or timeout <= 0:
-            return msgs
-        q = self.queue
-        deadline = time.monotonic() + timeout
-        while True:
-            end = q._visible_end()
-            if end > self._rc.pos:
-                msgs = self._read(max_batch)
-                if msgs:
-                    return msgs
-            left = deadline - time.monotonic()
-            if left <= 0:
+        with owned(self._fetch):
+            if self._closed:
+                self._raise_closed()
+            if max_batch < 1:
+                raise ValueError("max_batch must be >= 1")
+            if self._redeliver:
+                out = self._take_redeliveries(max_batch)
+                if len(out) == max_batch:
+                    return out
+                return out + self._read(max_batch - len(out))
+            msgs = self._read(max_batch)
+            if msgs or timeout <= 0:
                 return msgs
-            q._wait(end, left)
+            q = self.queue
+            deadline = time.monotonic() + timeout
+            while True:
+                end = q._visible_end()
+                if end > self._rc.pos:
+                    msgs = self._read(max_batch)
+                    if msgs:
+                        return msgs
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return msgs
+                q._wait(end, left)
 
     def _read(self, max_batch: int) -> list[Message]:
         for _ in range(8):  # retention may delete again while we jump
@@ -264,29 +265,31 @@ class ConsumerGroup(Resource):
 
     def nack(self, msg: Message | int) -> bool:
         """Redeliver this message (first) on a later poll, without the messages after it."""
-        off = msg if type(msg) is int else msg[0]  # type: ignore[index]
-        if not lib.k7_inflight_has(self._f, off):
-            if self._closed:
-                self._raise_closed()
-            return False
-        i = bisect.bisect_left(self._redeliver, off)
-        if i == len(self._redeliver) or self._redeliver[i] != off:
-            self._redeliver.insert(i, off)
-        return True
+        with owned(self._fetch):
+            off = msg if type(msg) is int else msg[0]  # type: ignore[index]
+            if not lib.k7_inflight_has(self._f, off):
+                if self._closed:
+                    self._raise_closed()
+                return False
+            i = bisect.bisect_left(self._redeliver, off)
+            if i == len(self._redeliver) or self._redeliver[i] != off:
+                self._redeliver.insert(i, off)
+            return True
 
     def seek(self, offset: int) -> None:
         """Reposition to ``offset`` (a frame boundary; 0 replays everything) and persist it.
 
         Messages in flight are forgotten: they are not redelivered unless the new position is
         before them."""
-        if self._closed:
-            self._raise_closed()
-        if not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset must be a non-negative int, not {offset!r}")
-        self._redeliver.clear()
-        rc = lib.k7_reset(self._f, offset)
-        if rc:
-            self._raise_store(rc)
+        with owned(self._fetch):
+            if self._closed:
+                self._raise_closed()
+            if not isinstance(offset, int) or offset < 0:
+                raise ValueError(f"offset must be a non-negative int, not {offset!r}")
+            self._redeliver.clear()
+            rc = lib.k7_reset(self._f, offset)
+            if rc:
+                self._raise_store(rc)
 
     def _raise_store(self, err: int) -> None:
         raise StorageError(
@@ -355,26 +358,32 @@ class ConsumerGroup(Resource):
 
     # ------------------------------------------------------------------ lifetime
 
+    def _check_owner(self) -> None:
+        """Raise ConcurrentUseError if another thread is inside a call on this group."""
+        with owned(self._fetch):
+            pass
+
     def close(self) -> None:
         """Final cursor msync, release the cursor file and its lock. Idempotent."""
         if self._closed:
             return
-        self._closed = True
-        self._cap = 0
-        self._fetch.detach()
-        self._reader = None
-        err = lib.k7_msync(self._c.map, 0, 8)  # k7 flushes the cursor on close, always
-        self._finalizer()
-        # The cursor file is unmapped: point the C cursor at private memory and forget what
-        # was in flight, so a late ack/seek/nack touches nothing and reports ClosedError.
-        self._c.map, self._c.mode = self._dummy, 0
-        lib.k7_reset(self._f, lib.k7_committed(self._f))
-        self.queue._groups.discard(self)
-        if err:
-            raise StorageError(
-                f"final cursor msync of {self.path} failed: {os.strerror(err)}",
-                errno_=err, path=self.path,
-            )
+        with owned(self._fetch):
+            self._closed = True
+            self._cap = 0
+            self._fetch.detach()
+            self._reader = None
+            err = lib.k7_msync(self._c.map, 0, 8)  # k7 flushes the cursor on close, always
+            self._finalizer()
+            # The cursor file is unmapped: point the C cursor at private memory and forget what
+            # was in flight, so a late ack/seek/nack touches nothing and reports ClosedError.
+            self._c.map, self._c.mode = self._dummy, 0
+            lib.k7_reset(self._f, lib.k7_committed(self._f))
+            self.queue._groups.discard(self)
+            if err:
+                raise StorageError(
+                    f"final cursor msync of {self.path} failed: {os.strerror(err)}",
+                    errno_=err, path=self.path,
+                )
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"committed={self.committed}"

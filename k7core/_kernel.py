@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+from ._errors import ConcurrentUseError
+from ._native._fast import Appender, Fetcher, set_busy_error
 
 try:
     from ._native._k7 import ffi as _ffi
@@ -39,3 +44,19 @@ def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
 def hardware_crc() -> bool:
     """True when the kernel uses the CPU's CRC32C instruction."""
     return bool(lib.k7_crc32c_hardware())
+
+
+set_busy_error(ConcurrentUseError)
+
+
+@contextmanager
+def owned(guard: Appender | Fetcher) -> Iterator[None]:
+    """Own ``guard`` (a queue's writer or a group's fetcher) for the block, so that another
+    thread calling into it meanwhile gets ConcurrentUseError instead of racing on its C
+    state. Nested use by the owning thread is fine."""
+    took = guard.enter()
+    try:
+        yield
+    finally:
+        if took:
+            guard.leave()

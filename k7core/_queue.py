@@ -38,7 +38,7 @@ from ._format import (
     parse_fsync,
     segment_name,
 )
-from ._kernel import BADOFFSETS, EIO, NOFIT, TOOLARGE, address, ffi, lib
+from ._kernel import BADOFFSETS, EIO, NOFIT, TOOLARGE, address, ffi, lib, owned
 from ._native._fast import CLOSED, Appender
 from ._reader import Reader
 from ._resource import Resource
@@ -417,22 +417,23 @@ class Queue(Resource):
         return self._enqueue_slow(data, off)
 
     def _enqueue_slow(self, data: Any, rc: int) -> int:
-        for _ in range(2):
-            if rc == CLOSED:
-                self._check_writable()
-            elif rc == EIO:
-                self._raise_eio()
-            elif rc == TOOLARGE:
-                self._check_size(memoryview(data).nbytes)
-            elif rc == NOFIT:
-                self._check_size(memoryview(data).nbytes)
-                self._roll()
-            else:
-                return rc
-            rc = self._fa.append(data)
-        if rc < 0:
-            self._raise_eio() if rc == EIO else self._check_size(memoryview(data).nbytes)
-        return rc
+        with owned(self._fa):
+            for _ in range(2):
+                if rc == CLOSED:
+                    self._check_writable()
+                elif rc == EIO:
+                    self._raise_eio()
+                elif rc == TOOLARGE:
+                    self._check_size(memoryview(data).nbytes)
+                elif rc == NOFIT:
+                    self._check_size(memoryview(data).nbytes)
+                    self._roll()
+                else:
+                    return rc
+                rc = self._fa.append(data)
+            if rc < 0:
+                self._raise_eio() if rc == EIO else self._check_size(memoryview(data).nbytes)
+            return rc
 
     def enqueue_many(self, items: Iterable[bytes | bytearray | memoryview]) -> list[int]:
         """Append a batch (one kernel call per segment); return the offsets in order.
@@ -449,24 +450,25 @@ class Queue(Resource):
     def _enqueue_many_slow(
         self, items: list[Any] | tuple[Any, ...], out: list[int] | int
     ) -> list[int]:
-        offsets: list[int] = []
-        while True:
-            if isinstance(out, list):
-                offsets += out
-                if len(offsets) == len(items):
-                    return offsets
-            elif out == CLOSED:
-                self._check_writable()
-            elif out == EIO:
-                self._raise_eio()
-            elif out == TOOLARGE:
-                self._check_size(max(memoryview(x).nbytes for x in items[len(offsets):]))
-            elif out in (0, NOFIT):
-                self._check_size(memoryview(items[len(offsets)]).nbytes)
-                self._roll()
-            else:
-                raise AssertionError(f"unexpected append_many result {out}")
-            out = self._fa.append_many(items, len(offsets))
+        with owned(self._fa):
+            offsets: list[int] = []
+            while True:
+                if isinstance(out, list):
+                    offsets += out
+                    if len(offsets) == len(items):
+                        return offsets
+                elif out == CLOSED:
+                    self._check_writable()
+                elif out == EIO:
+                    self._raise_eio()
+                elif out == TOOLARGE:
+                    self._check_size(max(memoryview(x).nbytes for x in items[len(offsets):]))
+                elif out in (0, NOFIT):
+                    self._check_size(memoryview(items[len(offsets)]).nbytes)
+                    self._roll()
+                else:
+                    raise AssertionError(f"unexpected append_many result {out}")
+                out = self._fa.append_many(items, len(offsets))
 
     def enqueue_columnar(
         self, data: bytes | bytearray | memoryview, offsets: Any
@@ -486,34 +488,35 @@ class Queue(Resource):
         return self._append_columnar(data, mv, n)
 
     def _append_columnar(self, data: Any, offsets: Any, n: int) -> array.array[int]:
-        out = array.array("q", bytes(8 * n))
-        if n == 0:
-            self._check_writable()
+        with owned(self._fa):
+            out = array.array("q", bytes(8 * n))
+            if n == 0:
+                self._check_writable()
+                return out
+            w = self._w
+            if w is None:
+                self._check_writable()
+            dbuf = _from_buffer(data)
+            mv = memoryview(offsets)
+            wide = mv.itemsize == 8
+            obuf = ffi.cast("int64_t *" if wide else "int32_t *", _from_buffer(mv))
+            fn = lib.k7_append_columnar if wide else lib.k7_append_columnar32
+            optr = ffi.cast("int64_t *", _from_buffer(out))
+            done = 0
+            while done < n:
+                rc = fn(self._w, dbuf, len(dbuf), obuf + done, n - done, optr + done)
+                if rc > 0:
+                    done += rc
+                    continue
+                if rc == BADOFFSETS:
+                    raise ValueError("offsets must be non-decreasing and within the data buffer")
+                if rc == TOOLARGE:
+                    self._check_size(max(mv[i + 1] - mv[i] for i in range(done, n)))
+                if rc == EIO:
+                    self._raise_eio()
+                self._check_size(mv[done + 1] - mv[done])
+                self._roll()
             return out
-        w = self._w
-        if w is None:
-            self._check_writable()
-        dbuf = _from_buffer(data)
-        mv = memoryview(offsets)
-        wide = mv.itemsize == 8
-        obuf = ffi.cast("int64_t *" if wide else "int32_t *", _from_buffer(mv))
-        fn = lib.k7_append_columnar if wide else lib.k7_append_columnar32
-        optr = ffi.cast("int64_t *", _from_buffer(out))
-        done = 0
-        while done < n:
-            rc = fn(self._w, dbuf, len(dbuf), obuf + done, n - done, optr + done)
-            if rc > 0:
-                done += rc
-                continue
-            if rc == BADOFFSETS:
-                raise ValueError("offsets must be non-decreasing and within the data buffer")
-            if rc == TOOLARGE:
-                self._check_size(max(mv[i + 1] - mv[i] for i in range(done, n)))
-            if rc == EIO:
-                self._raise_eio()
-            self._check_size(mv[done + 1] - mv[done])
-            self._roll()
-        return out
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -575,8 +578,9 @@ class Queue(Resource):
     def enforce_retention(self) -> list[int]:
         """Apply the retention policy now (it also runs at open and at every roll); return
         the base offsets of the segments deleted."""
-        self._check_writable()
-        return self._apply_retention()
+        with owned(self._fa):
+            self._check_writable()
+            return self._apply_retention()
 
     def _apply_retention(self) -> list[int]:
         """Delete the oldest sealed segments the policy allows, one at a time, oldest first,
@@ -647,10 +651,11 @@ class Queue(Resource):
 
     def sync(self) -> None:
         """Make everything enqueued so far durable (msync) and visible now, any strategy."""
-        self._check_writable()
-        with self._flusher_lock():
-            if lib.k7_writer_sync(self._w):
-                self._raise_eio()
+        with owned(self._fa):
+            self._check_writable()
+            with self._flusher_lock():
+                if lib.k7_writer_sync(self._w):
+                    self._raise_eio()
 
     # ------------------------------------------------------------------ reading
 
@@ -813,6 +818,14 @@ class Queue(Resource):
         """Close the open groups, stop the flusher after a final sync, release files. Idempotent."""
         if self._closed:
             return
+        # Another thread inside enqueue or poll: refuse (ConcurrentUseError) before anything
+        # is released under it.
+        for g in list(self._groups):
+            g._check_owner()
+        with owned(self._fa):
+            self._close()
+
+    def _close(self) -> None:
         self._closed = True
         first_error: BaseException | None = None
         for g in list(self._groups):

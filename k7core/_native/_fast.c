@@ -17,6 +17,51 @@
 #define K7_CLOSED (-100) /* returned when the object was detached (queue or group closed) */
 #define STACK_ITEMS 256
 
+/* ------------------------------------------------------------------ thread guard
+ *
+ * A writer (Appender) and a consumer group (Fetcher) are used from one thread at a time.
+ * While a thread is in a slow path (Python code between kernel calls: a roll, a wait in
+ * poll) or in a section that releases the GIL (an msync), the object's `owner` holds its
+ * thread id; a call from another thread meanwhile raises k7core.ConcurrentUseError instead
+ * of racing on the same C state. On the fast paths the check is one load of `owner`. */
+
+static PyObject *busy_error; /* k7core.ConcurrentUseError (set_busy_error), else RuntimeError */
+
+static int busy(unsigned long owner, const char *what) {
+    if (!owner || owner == PyThread_get_thread_ident()) return 0;
+    PyErr_Format(busy_error ? busy_error : PyExc_RuntimeError,
+                 "%s is in use by another thread at this moment (%s)", what,
+                 "use it from one thread at a time; see docs/concurrency.md");
+    return 1;
+}
+
+#define GUARD(self, what, fail) \
+    if ((self)->owner && busy((self)->owner, (what))) return (fail)
+
+/* enter() -> True when the calling thread now owns the object (call leave() after), False
+ * when it already did (nested); raises ConcurrentUseError when another thread does. */
+#define GUARD_METHODS(Type, what)                                                 \
+    static PyObject *Type##_enter(Type *self, PyObject *unused) {                 \
+        GUARD(self, what, NULL);                                                  \
+        if (self->owner) Py_RETURN_FALSE;                                         \
+        self->owner = PyThread_get_thread_ident();                                \
+        Py_RETURN_TRUE;                                                           \
+    }                                                                             \
+    static PyObject *Type##_leave(Type *self, PyObject *unused) {                 \
+        self->owner = 0;                                                          \
+        Py_RETURN_NONE;                                                           \
+    }
+
+static PyObject *set_busy_error(PyObject *module, PyObject *cls) {
+    if (!PyExceptionClass_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "set_busy_error: expected an exception class");
+        return NULL;
+    }
+    Py_INCREF(cls);
+    Py_XSETREF(busy_error, cls);
+    Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------ payloads */
 
 /* Pointer and length of a bytes-like object: bytes directly, anything else through the
@@ -51,7 +96,22 @@ static int too_large(const k7_writer *w, int64_t n) {
 typedef struct {
     PyObject_HEAD
     k7_writer *w;
+    unsigned long owner; /* thread guard (see above) */
 } Appender;
+
+#define WRITER_WHAT "this queue's writer (enqueue)"
+GUARD_METHODS(Appender, WRITER_WHAT)
+
+/* Run `stmt` with the GIL released, owning the writer meanwhile. */
+#define UNLOCKED_OWNED(self, stmt)                                     \
+    do {                                                               \
+        int took_ = !(self)->owner;                                    \
+        if (took_) (self)->owner = PyThread_get_thread_ident();        \
+        Py_BEGIN_ALLOW_THREADS                                         \
+        stmt;                                                          \
+        Py_END_ALLOW_THREADS                                           \
+        if (took_) (self)->owner = 0;                                  \
+    } while (0)
 
 static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
     unsigned long long addr;
@@ -73,6 +133,7 @@ static PyObject *Appender_detach(Appender *self, PyObject *unused) {
 static PyObject *Appender_append(Appender *self, PyObject *data) {
     k7_writer *w = self->w;
     if (!w) return PyLong_FromLong(K7_CLOSED);
+    GUARD(self, WRITER_WHAT, NULL);
     Py_buffer buf;
     const uint8_t *p;
     int64_t n, rc;
@@ -81,9 +142,7 @@ static PyObject *Appender_append(Appender *self, PyObject *data) {
     if (n > K7_MAX_LEN) {
         rc = K7_TOOLARGE;
     } else if (w->mode == 2) { /* msync: let other threads run meanwhile */
-        Py_BEGIN_ALLOW_THREADS
-        rc = k7_append(w, p, n);
-        Py_END_ALLOW_THREADS
+        UNLOCKED_OWNED(self, rc = k7_append(w, p, n));
     } else {
         rc = k7_append(w, p, n);
     }
@@ -108,6 +167,7 @@ static PyObject *Appender_append_many(Appender *self, PyObject *const *args, Py_
     if (start == -1 && PyErr_Occurred()) return NULL;
     k7_writer *w = self->w;
     if (!w) return PyLong_FromLong(K7_CLOSED);
+    GUARD(self, WRITER_WHAT, NULL);
     /* A snapshot keeps every item alive while the GIL is released ("sync" msyncs). */
     PyObject *seq = PySequence_Tuple(items);
     if (!seq) return NULL;
@@ -160,9 +220,7 @@ static PyObject *Appender_append_many(Appender *self, PyObject *const *args, Py_
     }
     if (rc == 0) {
         if (w->mode == 2) {
-            Py_BEGIN_ALLOW_THREADS
-            rc = k7_append_many(w, (uint8_t **)ptrs, lens, n, offs);
-            Py_END_ALLOW_THREADS
+            UNLOCKED_OWNED(self, rc = k7_append_many(w, (uint8_t **)ptrs, lens, n, offs));
         } else {
             rc = k7_append_many(w, (uint8_t **)ptrs, lens, n, offs);
         }
@@ -195,6 +253,8 @@ static PyMethodDef Appender_methods[] = {
     {"append", (PyCFunction)Appender_append, METH_O, NULL},
     {"append_many", (PyCFunction)(void (*)(void))Appender_append_many, METH_FASTCALL, NULL},
     {"detach", (PyCFunction)Appender_detach, METH_NOARGS, NULL},
+    {"enter", (PyCFunction)Appender_enter, METH_NOARGS, NULL},
+    {"leave", (PyCFunction)Appender_leave, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -218,7 +278,11 @@ typedef struct {
     PyTypeObject *msgtype; /* a tuple subclass (k7core.Message) */
     PyObject *view;        /* read-only memoryview of the reader's segment, or NULL */
     int64_t base10;        /* segment base minus the frame header */
+    unsigned long owner;   /* thread guard (see above) */
 } Fetcher;
+
+#define GROUP_WHAT "this consumer group"
+GUARD_METHODS(Fetcher, GROUP_WHAT)
 
 static int Fetcher_init(Fetcher *self, PyObject *args, PyObject *kwds) {
     unsigned long long raddr, faddr;
@@ -333,6 +397,7 @@ static PyObject *Fetcher_read(Fetcher *self, PyObject *arg) {
     long long max_n = PyLong_AsLongLong(arg);
     if (max_n == -1 && PyErr_Occurred()) return NULL;
     if (!self->r) return PyList_New(0);
+    GUARD(self, GROUP_WHAT, NULL);
     return collect(self, k7_read(self->r, max_n));
 }
 
@@ -341,6 +406,7 @@ static PyObject *Fetcher_collect(Fetcher *self, PyObject *arg) {
     long long n = PyLong_AsLongLong(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
     if (!self->r) return PyList_New(0);
+    GUARD(self, GROUP_WHAT, NULL);
     return collect(self, n);
 }
 
@@ -362,11 +428,13 @@ static PyObject *Fetcher_ack(Fetcher *self, PyObject *arg) {
     int64_t off;
     if (offset_of(arg, &off) < 0) return NULL;
     if (!self->f) return PyLong_FromLong(0);
+    GUARD(self, GROUP_WHAT, NULL);
     return PyLong_FromLong(k7_ack(self->f, off));
 }
 
 /* ack_many(iterable of msgs or offsets) -> count acked, or -errno; one cursor store. */
 static PyObject *Fetcher_ack_many(Fetcher *self, PyObject *arg) {
+    GUARD(self, GROUP_WHAT, NULL);
     PyObject *seq = PySequence_Fast(arg, "ack_many: expected an iterable of messages");
     if (!seq) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -395,6 +463,8 @@ static PyMethodDef Fetcher_methods[] = {
     {"ack", (PyCFunction)Fetcher_ack, METH_O, NULL},
     {"ack_many", (PyCFunction)Fetcher_ack_many, METH_O, NULL},
     {"detach", (PyCFunction)Fetcher_detach, METH_NOARGS, NULL},
+    {"enter", (PyCFunction)Fetcher_enter, METH_NOARGS, NULL},
+    {"leave", (PyCFunction)Fetcher_leave, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -415,8 +485,14 @@ static PyTypeObject FetcherType = {
 
 /* ------------------------------------------------------------------ module */
 
+static PyMethodDef module_methods[] = {
+    {"set_busy_error", (PyCFunction)set_busy_error, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef fastmodule = {
-    PyModuleDef_HEAD_INIT, "_fast", "CPython entry points for k7core's hot paths.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_fast", "CPython entry points for k7core's hot paths.", -1,
+    module_methods,
 };
 
 PyMODINIT_FUNC PyInit__fast(void) {

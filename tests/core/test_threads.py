@@ -1,0 +1,95 @@
+"""Thread misuse is detected: a consumer group or a queue's writer used by a second thread
+while a first one is inside a call on it raises ConcurrentUseError, and nothing breaks.
+
+The first thread is held inside its call by something the test controls (a poll asleep on
+an empty queue; a ``sync`` waiting for the flusher's lock, which the test holds), and the
+test learns it is there from the state it waits on, not from a sleep.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import k7core
+
+DEADLINE = 30.0
+
+
+def _wait_for(cond: object, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+def test_group_used_while_another_thread_polls(tmp_path: Path) -> None:
+    with k7core.Queue(tmp_path / "q", fsync="flush") as q:
+        g = q.consumer_group("g")
+        got: list[list[k7core.Message]] = []
+        t = threading.Thread(target=lambda: got.append(g.poll(max_batch=8, timeout=DEADLINE)))
+        with open(tmp_path / "q" / "k7py-position", "rb") as f:
+            pos = mmap.mmap(f.fileno(), 16, prot=mmap.PROT_READ)
+        try:
+            t.start()
+            # the poller is asleep in the kernel once it registered as a waiter
+            _wait_for(lambda: struct.unpack_from("=I", pos, 12)[0] > 0, "the poller to wait")
+        finally:
+            pos.close()
+        for call in (lambda: g.poll(max_batch=1, timeout=0), lambda: g.ack(0),
+                     lambda: g.nack(0), lambda: g.seek(0), g.close, q.close):
+            with pytest.raises(k7core.ConcurrentUseError, match="another thread"):
+                call()
+        assert not q.closed and not g.closed
+        off = q.enqueue(b"wake up")
+        t.join(DEADLINE)
+        assert not t.is_alive()
+        assert [(m.offset, bytes(m.payload)) for m in got[0]] == [(off, b"wake up")]
+        assert g.ack(got[0][0]) and g.committed == q.end  # the owner thread has left
+        g.close()
+
+
+def test_writer_used_while_another_thread_is_inside_sync(tmp_path: Path) -> None:
+    with k7core.Queue(tmp_path / "q", fsync="async") as q:
+        first = q.enqueue(b"before")
+        lock = q._r.flusher.lock  # the test holds the lock that sync() needs
+        inside = threading.Event()
+        done = threading.Event()
+
+        def syncer() -> None:
+            inside.set()
+            q.sync()
+            done.set()
+
+        t = threading.Thread(target=syncer)
+        with lock:
+            t.start()
+            assert inside.wait(DEADLINE)
+            refused: list[Exception] = []
+
+            def refused_once() -> bool:
+                try:  # succeeds until the syncer owns the writer, then refuses
+                    q.enqueue(b"racing")
+                except k7core.ConcurrentUseError as exc:
+                    refused.append(exc)
+                return bool(refused)
+
+            _wait_for(refused_once, "the syncer to own the writer")
+            with pytest.raises(k7core.ConcurrentUseError):
+                q.enqueue_many([b"a", b"b"])
+            with pytest.raises(k7core.ConcurrentUseError):
+                q.close()
+            assert not done.is_set()
+        t.join(DEADLINE)
+        assert done.is_set()
+        last = q.enqueue(b"after")  # the writer is free again and the log is intact
+        q.sync()
+        batch = q.read_columnar(first)
+        payloads = [bytes(batch.payload(i)) for i in range(len(batch))]
+        assert payloads[0] == b"before" and payloads[-1] == b"after"
+        assert set(payloads[1:-1]) <= {b"racing"} and batch.offsets[-1] == last

@@ -14,8 +14,15 @@ from typing import Any
 MAX_RECORDS = "200"
 
 
-def start(spark: Any, source: str, checkpoint: str, sink: str, target: str) -> Any:
-    df = spark.readStream.format("k7").option("maxRecordsPerTrigger", MAX_RECORDS).load(source)
+def start(
+    spark: Any, source: str, checkpoint: str, sink: str, target: str,
+    max_records: str | None = MAX_RECORDS,
+) -> Any:
+    """Start a query from the k7 queue ``source`` into ``sink`` (``parquet`` or ``k7``)."""
+    reader = spark.readStream.format("k7")
+    if max_records is not None:
+        reader = reader.option("maxRecordsPerTrigger", max_records)
+    df = reader.load(source)
     return (
         df.select("payload").writeStream.format(sink)
         .option("checkpointLocation", checkpoint)

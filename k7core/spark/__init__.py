@@ -1,11 +1,14 @@
 """k7 queues as a PySpark data source: ``spark.dataSource.register(K7DataSource)``, then
-``spark.read.format("k7").load(path)``.
+``spark.read.format("k7").load(path)`` or ``spark.readStream.format("k7").load(path)``.
 
-Needs the ``spark`` extra (``pip install 'k7core[spark]'``: pyspark >= 4.0 and pyarrow).
-Every method runs in a Python worker process that Spark starts, never in the user's process,
-so the queue is opened ``readonly=True`` there (a live writer elsewhere is fine).
+Needs the ``spark`` extra (``pip install 'k7core[spark]'``: pyspark >= 4.0 and pyarrow;
+streaming needs pyspark >= 4.2). Every method runs in a Python worker process that Spark
+starts, never in the user's process, so the queue is opened ``readonly=True`` there (a live
+writer elsewhere is fine).
 
-Status: batch read and batch write. Streaming read and write are not built yet.
+Status: batch read, batch write (all or nothing), streaming read (read limits, availableNow,
+group cursor, failOnDataLoss) and streaming write (exactly once per batch id); the streaming
+classes are in :mod:`k7core.spark._stream`.
 """
 
 from __future__ import annotations
@@ -116,9 +119,19 @@ class K7DataSource(DataSource):
     - ``includeValue``: ``true`` adds a ``value`` STRING column (the payload decoded as UTF-8,
       invalid bytes replaced).
 
-    Writing (``df.write.format("k7").mode("append").save(path)``) takes a ``payload`` BINARY
-    or a ``value`` STRING column (UTF-8 encoded); ``lockTimeout`` (seconds, default 10) bounds
-    the wait for the queue's writer lock at commit.
+    Streaming reads take the same options except ``endingOffsets``; ``startingOffsets`` and
+    ``group`` apply to a new query only (a restart resumes at its checkpoint), ``group`` only
+    if the group exists, and the group's cursor follows the query's progress. Also:
+
+    - ``maxRecordsPerTrigger`` / ``maxBytesPerTrigger``: at most this many messages / bytes
+      of log (frames with headers) per micro-batch, at least one message;
+    - ``failOnDataLoss``: ``true`` (default) fails the query when offsets it still has to
+      read are gone; ``false`` logs a warning and continues at the earliest offset.
+
+    Writing (``df.write.format("k7").mode("append").save(path)``, or ``writeStream`` with a
+    ``checkpointLocation``) takes a ``payload`` BINARY or a ``value`` STRING column (UTF-8
+    encoded); ``lockTimeout`` (seconds, default 10) bounds the wait for the queue's writer
+    lock at commit.
     """
 
     @classmethod
@@ -265,7 +278,9 @@ def _read_partition(
             raise K7DataLossError(
                 f"{path}: offsets {pos}..{min(earliest, partition.end)} were deleted before "
                 f"they were read (the earliest segment starts at {earliest})",
-                path=path, offset=pos, hint=LOSS_HINT,
+                path=path, offset=pos,
+                hint="a segment was deleted after this range was planned; a streaming query "
+                "can set failOnDataLoss=false to skip what is gone",
             )
         pos = earliest
     with Queue(path, readonly=True) as q:

@@ -132,12 +132,11 @@ class K7StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(
         self, start: dict[str, int] | None = None, limit: ReadLimit | None = None
     ) -> dict[str, int]:
-        earliest, end = _bounds(Path(self.path))
-        if self.target is not None:
-            end = min(end, self.target)
-        if start is None:  # pyspark < 4.2: no start, no limit
+        earliest, visible = _bounds(Path(self.path))
+        end = visible if self.target is None else min(visible, self.target)
+        if start is None:  # the pre-4.2 signature: no start, no limit
             return {"offset": end}
-        pos = self._check_start(int(start["offset"]), earliest, end)
+        pos = self._check_start(int(start["offset"]), earliest, visible)
         if end <= pos:
             return {"offset": max(pos, int(start["offset"]))}
         max_rows, max_bytes = 0, 0

@@ -99,10 +99,15 @@ def test_stream_write_value_column_and_replayed_batch(spark: Any, tmp_path: Path
     assert read_all(target) == [b"v%d" % i for i in range(300)]
     record = json.loads(next(target.glob(f"{SINK_PREFIX}*.json")).read_text())
     assert record["batch"] == 2 and record["state"] == "done"
-    with pytest.raises(Exception, match="checkpointLocation"):
-        spark.readStream.format("k7").load(str(source)).select("payload").writeStream.format(
-            "k7"
-        ).start(str(target)).processAllAvailable()
+    # a checkpoint root from the session conf does not reach the sink: a clear error
+    spark.conf.set("spark.sql.streaming.checkpointLocation", str(tmp_path / "root"))
+    try:
+        with pytest.raises(Exception, match="bookkeeping is keyed by the query id"):
+            spark.readStream.format("k7").load(str(source)).select("payload").writeStream.format(
+                "k7"
+            ).start(str(target)).processAllAvailable()
+    finally:
+        spark.conf.unset("spark.sql.streaming.checkpointLocation")
 
 
 # ------------------------------------------------- the sink's recovery, driven directly

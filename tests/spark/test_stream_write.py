@@ -71,12 +71,16 @@ def test_killed_mid_batch_restarts_exactly_once_into_parquet_and_k7(
         child.wait()
     assert len(read_all(target)) < len(payloads)  # killed before the end
 
-    for sink, target_path in (("parquet", out), ("k7", target)):
-        # no read limit now: the replayed batch keeps its planned range, the rest is one batch
-        query = start(spark, str(source), str(ck / sink), sink, str(target_path), None)
-        try:
+    # both at once; no read limit now: the replayed batch keeps its range, the rest is one batch
+    queries = [
+        start(spark, str(source), str(ck / sink), sink, str(target_path), None)
+        for sink, target_path in (("parquet", out), ("k7", target))
+    ]
+    try:
+        for query in queries:
             query.processAllAvailable()
-        finally:
+    finally:
+        for query in queries:
             query.stop()
     rows = spark.read.parquet(str(out)).collect()
     assert Counter(bytes(r.payload) for r in rows) == Counter(payloads)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -15,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from _queuehelp import read_all as read_queue
-from _stream_child import start
+from _stream_child import StreamChild, start
 from pyspark.sql.types import BinaryType, StructField, StructType
 
 import k7core
@@ -23,9 +21,6 @@ from k7core.spark import STAGING_DIR, K7StagedRows
 from k7core.spark._stream import SINK_PREFIX, K7StreamWriter
 
 pytestmark = pytest.mark.spark
-
-CHILD = Path(__file__).with_name("_stream_child.py")
-
 
 def read_all(path: Path) -> list[bytes]:
     with k7core.Queue(path, readonly=True) as q:
@@ -47,34 +42,24 @@ def mid_batch(checkpoint: Path) -> bool:
 
 
 def test_killed_mid_batch_restarts_exactly_once_into_parquet_and_k7(
-    spark: Any, tmp_path: Path
+    spark: Any, stream_child: StreamChild
 ) -> None:
-    source, ck = tmp_path / "src", tmp_path / "ck"
-    payloads = [b"e%05d" % i for i in range(4000)]
-    with k7core.Queue(source, fsync="flush") as q:
-        q.enqueue_many(payloads)
-    out, target = tmp_path / "parquet", tmp_path / "target"
-    log = tmp_path / "child.log"
-    with open(log, "wb") as err:
-        child = subprocess.Popen(
-            [sys.executable, str(CHILD), str(source), str(ck), str(out), str(target)],
-            start_new_session=True, stdout=subprocess.DEVNULL, stderr=err,
-        )
+    child, ck = stream_child, stream_child.checkpoints
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 180
         while not (mid_batch(ck / "parquet") and mid_batch(ck / "k7")):
-            if child.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the child query never got mid-batch: {log.read_text()[-2000:]}")
+            if child.process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the child query never got mid-batch: {child.log.read_text()[-2000:]}")
             time.sleep(0.01)  # polling files another process writes; no event to wait on
     finally:
-        os.killpg(child.pid, signal.SIGKILL)  # the driver, its JVM and its Python workers
-        child.wait()
-    assert len(read_all(target)) < len(payloads)  # killed before the end
+        os.killpg(child.process.pid, signal.SIGKILL)  # the driver, its JVM and Python workers
+        child.process.wait()
+    assert len(read_all(child.target)) < len(child.payloads)  # killed before the end
 
     # both at once; no read limit now: the replayed batch keeps its range, the rest is one batch
     queries = [
-        start(spark, str(source), str(ck / sink), sink, str(target_path), None)
-        for sink, target_path in (("parquet", out), ("k7", target))
+        start(spark, str(child.source), str(ck / sink), sink, str(target), None)
+        for sink, target in (("parquet", child.parquet), ("k7", child.target))
     ]
     try:
         for query in queries:
@@ -82,11 +67,11 @@ def test_killed_mid_batch_restarts_exactly_once_into_parquet_and_k7(
     finally:
         for query in queries:
             query.stop()
-    rows = spark.read.parquet(str(out)).collect()
-    assert Counter(bytes(r.payload) for r in rows) == Counter(payloads)
-    got = read_all(target)
-    assert Counter(got) == Counter(payloads)
-    assert not (target / STAGING_DIR).exists() or not any((target / STAGING_DIR).iterdir())
+    rows = spark.read.parquet(str(child.parquet)).collect()
+    assert Counter(bytes(r.payload) for r in rows) == Counter(child.payloads)
+    assert Counter(read_all(child.target)) == Counter(child.payloads)
+    staging = child.target / STAGING_DIR
+    assert not staging.exists() or not any(staging.iterdir())
 
 
 def test_stream_write_value_column_and_replayed_batch(spark: Any, tmp_path: Path) -> None:

@@ -93,6 +93,10 @@ def test_starting_offsets_available_now_and_byte_limit(spark: Any, tmp_path: Pat
     assert got == offs
     assert sizes == [20, 20, 10]
     assert available_now(spark, path, tmp_path, startingOffsets="latest") == ([], [])
+    with k7core.Queue(path, readonly=True) as q, q.consumer_group("g") as cg:
+        cg.seek(offs[30])
+    got, _ = available_now(spark, path, tmp_path, group="g", startingOffsets="latest")
+    assert got == offs[30:]  # a new query starts at an existing group's cursor
 
 
 def test_fail_on_data_loss_both_ways(spark: Any, tmp_path: Path) -> None:

@@ -65,8 +65,8 @@ class K7OptionError(K7Error, ValueError):
 
 
 class K7DataLossError(K7Error):
-    """Offsets a streaming query still had to read are gone: their segment was deleted, or
-    the queue now ends before them (``failOnDataLoss=false`` skips them instead)."""
+    """Offsets a query still had to read are gone: their segment was deleted, or the queue
+    now ends before them (a streaming query with ``failOnDataLoss=false`` skips them)."""
 
 
 LOSS_HINT = "set the option failOnDataLoss=false to skip to the earliest available offset"

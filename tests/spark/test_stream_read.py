@@ -110,6 +110,10 @@ def test_fail_on_data_loss_both_ways(spark: Any, tmp_path: Path) -> None:
     assert "failOnDataLoss=false" in str(info.value)
     got, _ = available_now(spark, path, tmp_path, startingOffsets="0", failOnDataLoss="false")
     assert got == [o for o in offs if o >= bases[1]]
+    with k7core.Queue(path, readonly=True) as q, q.consumer_group("g") as cg:
+        cg.seek(q.end + 4096)  # a group seeked past the end
+    with pytest.raises(Exception, match="past the end of the queue"):
+        available_now(spark, path, tmp_path, group="g")
 
 
 def test_bad_stream_options_are_clear(spark: Any, tmp_path: Path) -> None:

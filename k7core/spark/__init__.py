@@ -148,14 +148,28 @@ class K7DataSource(DataSource):
         return K7BatchWriter(_lower(self.options), schema, overwrite)
 
     def streamReader(self, schema: StructType) -> K7StreamReader:
-        from ._stream import K7StreamReader
-
+        try:
+            from ._stream import K7StreamReader
+        except ImportError as exc:
+            raise _needs_new_pyspark(exc) from exc
         return K7StreamReader(_lower(self.options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> K7StreamWriter:
-        from ._stream import K7StreamWriter
-
+        try:
+            from ._stream import K7StreamWriter
+        except ImportError as exc:
+            raise _needs_new_pyspark(exc) from exc
         return K7StreamWriter(_lower(self.options), schema, overwrite)
+
+
+def _needs_new_pyspark(exc: ImportError) -> K7Error:
+    """Streaming needs pyspark >= 4.2 (read limits, the Arrow stream writer)."""
+    import pyspark
+
+    return K7Error(
+        f"k7 streaming needs pyspark >= 4.2; this is pyspark {pyspark.__version__} ({exc})",
+        hint="pip install -U 'pyspark>=4.2'",
+    )
 
 
 def _lower(options: Any) -> dict[str, str]:

@@ -1,11 +1,14 @@
 """k7 queues as a PySpark data source: ``spark.dataSource.register(K7DataSource)``, then
-``spark.read.format("k7").load(path)``.
+``spark.read.format("k7").load(path)`` or ``spark.readStream.format("k7").load(path)``.
 
-Needs the ``spark`` extra (``pip install 'k7core[spark]'``: pyspark >= 4.0 and pyarrow).
-Every method runs in a Python worker process that Spark starts, never in the user's process,
-so the queue is opened ``readonly=True`` there (a live writer elsewhere is fine).
+Needs the ``spark`` extra (``pip install 'k7core[spark]'``: pyspark >= 4.0 and pyarrow;
+streaming needs pyspark >= 4.2). Every method runs in a Python worker process that Spark
+starts, never in the user's process, so the queue is opened ``readonly=True`` there (a live
+writer elsewhere is fine).
 
-Status: batch read and batch write. Streaming read and write are not built yet.
+Status: batch read, batch write (all or nothing), streaming read (read limits, availableNow,
+group cursor, failOnDataLoss) and streaming write (exactly once per batch id); the streaming
+classes are in :mod:`k7core.spark._stream`.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from __future__ import annotations
 import bisect
 import contextlib
 import itertools
+import logging
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -37,15 +41,35 @@ from .._format import check_group_name, cursor_name
 from .._queue import ColumnarBatch
 from .._storage import list_segments
 
-__all__ = ["STAGING_DIR", "K7DataSource", "K7OptionError", "K7Partition", "K7StagedRows"]
+if TYPE_CHECKING:
+    from ._stream import K7StreamReader, K7StreamWriter
+
+__all__ = [
+    "STAGING_DIR",
+    "K7DataLossError",
+    "K7DataSource",
+    "K7OptionError",
+    "K7Partition",
+    "K7StagedRows",
+]
 
 DEFAULT_SCHEMA = "offset BIGINT, payload BINARY"
 VALUE_SCHEMA = "offset BIGINT, payload BINARY, value STRING"
 BATCH_MESSAGES = 65536
 
+log = logging.getLogger("k7core.spark")
+
 
 class K7OptionError(K7Error, ValueError):
     """A data source option is missing or malformed."""
+
+
+class K7DataLossError(K7Error):
+    """Offsets a query still had to read are gone: their segment was deleted, or the queue
+    now ends before them (a streaming query with ``failOnDataLoss=false`` skips them)."""
+
+
+LOSS_HINT = "set the option failOnDataLoss=false to skip to the earliest available offset"
 
 
 @dataclass(frozen=True)
@@ -95,9 +119,19 @@ class K7DataSource(DataSource):
     - ``includeValue``: ``true`` adds a ``value`` STRING column (the payload decoded as UTF-8,
       invalid bytes replaced).
 
-    Writing (``df.write.format("k7").mode("append").save(path)``) takes a ``payload`` BINARY
-    or a ``value`` STRING column (UTF-8 encoded); ``lockTimeout`` (seconds, default 10) bounds
-    the wait for the queue's writer lock at commit.
+    Streaming reads take the same options except ``endingOffsets``; ``startingOffsets`` and
+    ``group`` apply to a new query only (a restart resumes at its checkpoint), ``group`` only
+    if the group exists, and the group's cursor follows the query's progress. Also:
+
+    - ``maxRecordsPerTrigger`` / ``maxBytesPerTrigger``: at most this many messages / bytes
+      of log (frames with headers) per micro-batch, at least one message;
+    - ``failOnDataLoss``: ``true`` (default) fails the query when offsets it still has to
+      read are gone; ``false`` logs a warning and continues at the earliest offset.
+
+    Writing (``df.write.format("k7").mode("append").save(path)``, or ``writeStream`` with a
+    ``checkpointLocation``) takes a ``payload`` BINARY or a ``value`` STRING column (UTF-8
+    encoded); ``lockTimeout`` (seconds, default 10) bounds the wait for the queue's writer
+    lock at commit.
     """
 
     @classmethod
@@ -112,6 +146,30 @@ class K7DataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> K7BatchWriter:
         return K7BatchWriter(_lower(self.options), schema, overwrite)
+
+    def streamReader(self, schema: StructType) -> K7StreamReader:
+        try:
+            from ._stream import K7StreamReader
+        except ImportError as exc:
+            raise _needs_new_pyspark(exc) from exc
+        return K7StreamReader(_lower(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> K7StreamWriter:
+        try:
+            from ._stream import K7StreamWriter
+        except ImportError as exc:
+            raise _needs_new_pyspark(exc) from exc
+        return K7StreamWriter(_lower(self.options), schema, overwrite)
+
+
+def _needs_new_pyspark(exc: ImportError) -> K7Error:
+    """Streaming needs pyspark >= 4.2 (read limits, the Arrow stream writer)."""
+    import pyspark
+
+    return K7Error(
+        f"k7 streaming needs pyspark >= 4.2; this is pyspark {pyspark.__version__} ({exc})",
+        hint="pip install -U 'pyspark>=4.2'",
+    )
 
 
 def _lower(options: Any) -> dict[str, str]:
@@ -163,64 +221,100 @@ class K7BatchReader(DataSourceReader):
             start = int(start_opt)
         end = latest if end_opt == "latest" else min(int(end_opt), latest)
         self.start, self.end = start, max(start, end)
-        self.bases = [b for b in bases if self.start < b < self.end]
+        self.bases = bases
 
     def partitions(self) -> list[K7Partition]:
         if self.start >= self.end:
             return [K7Partition(self.path, self.start, self.start)]
-        cuts = [self.start, *self.bases, self.end]
-        if len(cuts) - 1 < self.min_partitions:
-            cuts = self._split_by_size()
-        return [K7Partition(self.path, a, b) for a, b in itertools.pairwise(cuts)]
-
-    def _split_by_size(self) -> list[int]:
-        """Cut [start, end) at frame boundaries into about ``min_partitions`` equal byte
-        ranges (one scan of the range: frames can only be found from a known boundary)."""
-        step = max(1, (self.end - self.start) // self.min_partitions)
-        cuts, target = [self.start], self.start + step
-        with Queue(self.path, readonly=True) as q:
-            pos = self.start
-            while pos < self.end:
-                batch = q.read_columnar(pos, BATCH_MESSAGES)
-                if not len(batch):
-                    break
-                offs = batch.offsets
-                while target < self.end and target <= offs[-1]:
-                    i = bisect.bisect_left(offs, target)
-                    if offs[i] > cuts[-1]:
-                        cuts.append(offs[i])
-                    target = cuts[-1] + step
-                pos = batch.next
-        cuts.append(self.end)
-        return cuts
+        return _plan(self.path, self.start, self.end, self.bases, self.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, K7Partition)
-        schema = pa.schema(
-            [pa.field("offset", pa.int64()), pa.field("payload", pa.binary())]
-            + ([pa.field("value", pa.string())] if self.include_value else [])
-        )
-        if partition.start >= partition.end:
-            return
-        with Queue(partition.path, readonly=True) as q:
-            pos = partition.start
-            while pos < partition.end:
-                batch = q.read_columnar(pos, BATCH_MESSAGES)
-                n = len(batch)
-                if not n:
-                    raise K7Error(
-                        f"{partition.path}: nothing readable at offset {pos}, below the "
-                        f"planned end {partition.end}", path=Path(partition.path), offset=pos,
-                        hint="was the queue rewritten or a segment deleted?",
-                    )
-                k = bisect.bisect_left(batch.offsets, partition.end)
-                if k < n:
-                    batch = ColumnarBatch(
-                        batch.offsets[:k], batch.starts[:k], batch.lengths[:k], batch.view,
-                        batch.offsets[k],
-                    )
-                yield _record_batch(batch, schema, self.include_value)
-                pos = batch.next
+        return _read_partition(partition, self.include_value, skip_lost=False)
+
+
+def _plan(
+    path: str, start: int, end: int, bases: list[int], min_partitions: int
+) -> list[K7Partition]:
+    """Offset-range partitions of ``[start, end)``: one per segment, or cut by size when that
+    gives fewer than ``min_partitions``. Deterministic for a given range and segment list."""
+    cuts = [start, *(b for b in bases if start < b < end), end]
+    if len(cuts) - 1 < min_partitions:
+        cuts = _split_by_size(path, start, end, min_partitions)
+    return [K7Partition(path, a, b) for a, b in itertools.pairwise(cuts)]
+
+
+def _split_by_size(path: str, start: int, end: int, parts: int) -> list[int]:
+    """Cut [start, end) at frame boundaries into about ``parts`` equal byte ranges (one scan
+    of the range: frames can only be found from a known boundary)."""
+    step = max(1, (end - start) // parts)
+    cuts, target = [start], start + step
+    with Queue(path, readonly=True) as q:
+        pos = start
+        while pos < end:
+            batch = q.read_columnar(pos, BATCH_MESSAGES)
+            if not len(batch):
+                break
+            offs = batch.offsets
+            while target < end and target <= offs[-1]:
+                i = bisect.bisect_left(offs, target)
+                if offs[i] > cuts[-1]:
+                    cuts.append(offs[i])
+                target = cuts[-1] + step
+            pos = batch.next
+    cuts.append(end)
+    return cuts
+
+
+def _arrow_schema(include_value: bool) -> pa.Schema:
+    return pa.schema(
+        [pa.field("offset", pa.int64()), pa.field("payload", pa.binary())]
+        + ([pa.field("value", pa.string())] if include_value else [])
+    )
+
+
+def _read_partition(
+    partition: K7Partition, include_value: bool, *, skip_lost: bool
+) -> Iterator[pa.RecordBatch]:
+    """The frames of ``partition`` as Arrow record batches (batch and streaming reads).
+
+    A range that is no longer readable raises :class:`K7DataLossError`; with ``skip_lost``
+    the part below the earliest segment is skipped instead."""
+    schema = _arrow_schema(include_value)
+    path = Path(partition.path)
+    pos = partition.start
+    if pos >= partition.end:
+        return
+    bases = list_segments(path)
+    earliest = bases[0] if bases else 0
+    if pos < earliest:
+        if not skip_lost:
+            raise K7DataLossError(
+                f"{path}: offsets {pos}..{min(earliest, partition.end)} were deleted before "
+                f"they were read (the earliest segment starts at {earliest})",
+                path=path, offset=pos,
+                hint="a segment was deleted after this range was planned; a streaming query "
+                "can set failOnDataLoss=false to skip what is gone",
+            )
+        pos = earliest
+    with Queue(path, readonly=True) as q:
+        while pos < partition.end:
+            batch = q.read_columnar(pos, BATCH_MESSAGES)
+            n = len(batch)
+            if not n:
+                raise K7DataLossError(
+                    f"{path}: nothing readable at offset {pos}, below the planned end "
+                    f"{partition.end}", path=path, offset=pos,
+                    hint="was the queue rewritten or a segment deleted?",
+                )
+            k = bisect.bisect_left(batch.offsets, partition.end)
+            if k < n:
+                batch = ColumnarBatch(
+                    batch.offsets[:k], batch.starts[:k], batch.lengths[:k], batch.view,
+                    batch.offsets[k],
+                )
+            yield _record_batch(batch, schema, include_value)
+            pos = batch.next
 
 
 def _record_batch(batch: ColumnarBatch, schema: pa.Schema, include_value: bool) -> pa.RecordBatch:
@@ -263,10 +357,8 @@ class K7StagedRows(WriterCommitMessage):
     rows: int
 
 
-class K7BatchWriter(DataSourceArrowWriter):
-    """All-or-nothing append: tasks stage their rows next to the queue; the driver-side
-    ``commit`` appends every staged file under the queue's writer lock and msyncs once;
-    ``abort`` deletes the staged files and leaves the queue untouched."""
+class _K7Sink:
+    """What the batch and streaming writers share: options, staging, the writer lock."""
 
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         if overwrite:
@@ -277,6 +369,7 @@ class K7BatchWriter(DataSourceArrowWriter):
         if not path:
             raise K7OptionError("the k7 sink needs a path: save(path) or option('path', ...)")
         self.path = os.path.abspath(path)
+        self.stage = os.path.join(self.path, STAGING_DIR)
         fields = {f.name: f.dataType for f in schema.fields}
         if isinstance(fields.get("payload"), BinaryType):
             self.column, self.is_string = "payload", False
@@ -294,9 +387,10 @@ class K7BatchWriter(DataSourceArrowWriter):
             raise K7OptionError("option lockTimeout must be seconds (a number)") from None
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> K7StagedRows:
+        """Runs in a task: stage the rows' payloads in an Arrow IPC stream file."""
         import pyarrow.ipc as ipc
 
-        stage = Path(self.path) / STAGING_DIR
+        stage = Path(self.stage)
         stage.mkdir(parents=True, exist_ok=True)
         file = stage / f"{uuid.uuid4().hex}.arrow"
         rows = 0
@@ -315,22 +409,20 @@ class K7BatchWriter(DataSourceArrowWriter):
                 rows += len(col)
         return K7StagedRows(str(file), rows)
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+    @staticmethod
+    def _append_staged(q: Queue, files: list[str], skip: int = 0) -> None:
+        """Append the staged files' payloads in order, leaving out the first ``skip``."""
         import pyarrow.ipc as ipc
 
-        staged = [m for m in messages if isinstance(m, K7StagedRows)]
-        try:
-            with self._open_writer() as q:
-                for m in staged:
-                    with pa.memory_map(m.file) as src:
-                        for batch in ipc.open_stream(src):
-                            _append_binary(q, batch.column(0))
-                q.sync()
-        finally:
-            self._remove(staged)
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        self._remove([m for m in messages if isinstance(m, K7StagedRows)])
+        for file in files:
+            with pa.memory_map(file) as src:
+                for batch in ipc.open_stream(src):
+                    col = batch.column(0)
+                    if skip >= len(col):
+                        skip -= len(col)
+                        continue
+                    _append_binary(q, col.slice(skip))
+                    skip = 0
 
     def _open_writer(self) -> Queue:
         deadline = time.monotonic() + self.lock_timeout
@@ -350,10 +442,32 @@ class K7BatchWriter(DataSourceArrowWriter):
                 delay = min(delay * 2, 0.5)
 
     @staticmethod
-    def _remove(staged: list[K7StagedRows]) -> None:
-        for m in staged:
+    def _remove(files: Iterable[str]) -> None:
+        for file in files:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(m.file)
+                os.unlink(file)
+
+
+def _staged(messages: list[WriterCommitMessage | None]) -> list[K7StagedRows]:
+    return [m for m in messages if isinstance(m, K7StagedRows)]
+
+
+class K7BatchWriter(_K7Sink, DataSourceArrowWriter):
+    """All-or-nothing append: tasks stage their rows next to the queue; the driver-side
+    ``commit`` appends every staged file under the queue's writer lock and msyncs once;
+    ``abort`` deletes the staged files and leaves the queue untouched."""
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        staged = _staged(messages)
+        try:
+            with self._open_writer() as q:
+                self._append_staged(q, [m.file for m in staged])
+                q.sync()
+        finally:
+            self._remove(m.file for m in staged)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._remove(m.file for m in _staged(messages))
 
 
 def _append_binary(q: Queue, col: pa.Array) -> None:

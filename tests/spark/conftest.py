@@ -3,18 +3,37 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _stream_child import StreamChild
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
+KILL_TEST = "test_killed_mid_batch_restarts_exactly_once_into_parquet_and_k7"
+
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def stream_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamChild]:
+    """A streaming query in a child process (``_stream_child.py``), killed at the latest at
+    the end of the session."""
+    child = StreamChild.launch(tmp_path_factory.mktemp("stream-child"))
+    try:
+        yield child
+    finally:
+        if child.process.poll() is None:
+            os.killpg(child.process.pid, signal.SIGKILL)
+        child.process.wait()
+
+
+@pytest.fixture(scope="session")
+def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
+    if any(item.name == KILL_TEST for item in request.session.items):
+        request.getfixturevalue("stream_child")  # its JVM starts while other tests run
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable

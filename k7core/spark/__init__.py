@@ -36,7 +36,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from .. import Queue
-from .._errors import K7Error, NotAQueueError, QueueLockedError
+from .._errors import DataLossError, K7Error, NotAQueueError, QueueLockedError
 from .._format import check_group_name, cursor_name
 from .._queue import ColumnarBatch
 from .._storage import list_segments
@@ -64,9 +64,10 @@ class K7OptionError(K7Error, ValueError):
     """A data source option is missing or malformed."""
 
 
-class K7DataLossError(K7Error):
+class K7DataLossError(DataLossError):
     """Offsets a query still had to read are gone: their segment was deleted, or the queue
-    now ends before them (a streaming query with ``failOnDataLoss=false`` skips them)."""
+    now ends before them (a streaming query with ``failOnDataLoss=false`` skips them). A
+    :class:`k7core.DataLossError`, with ``earliest`` the first offset still in the log."""
 
 
 LOSS_HINT = "set the option failOnDataLoss=false to skip to the earliest available offset"
@@ -292,7 +293,7 @@ def _read_partition(
             raise K7DataLossError(
                 f"{path}: offsets {pos}..{min(earliest, partition.end)} were deleted before "
                 f"they were read (the earliest segment starts at {earliest})",
-                path=path, offset=pos,
+                path=path, offset=pos, earliest=earliest,
                 hint="a segment was deleted after this range was planned; a streaming query "
                 "can set failOnDataLoss=false to skip what is gone",
             )
@@ -304,7 +305,7 @@ def _read_partition(
             if not n:
                 raise K7DataLossError(
                     f"{path}: nothing readable at offset {pos}, below the planned end "
-                    f"{partition.end}", path=path, offset=pos,
+                    f"{partition.end}", path=path, offset=pos, earliest=earliest,
                     hint="was the queue rewritten or a segment deleted?",
                 )
             k = bisect.bisect_left(batch.offsets, partition.end)

@@ -186,7 +186,7 @@ class K7StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"rewritten, or the offset was set past its end")
         if self.fail_on_data_loss:
             raise K7DataLossError(f"{self.path}: {what}", path=self.path, offset=start,
-                                  hint=LOSS_HINT)
+                                  earliest=earliest, hint=LOSS_HINT)
         log.warning("%s: %s; failOnDataLoss=false: continuing at %d", self.path, what, earliest)
         return earliest
 

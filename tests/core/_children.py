@@ -21,9 +21,10 @@ Modes:
     ``ack`` is called and ``A <offset>`` after it returned. At the end of the log print
     ``end`` and block on stdin until the parent closes it (or kills us).
 
-``mixed DIR FSYNC CURSOR_FSYNC SEGMENT_SIZE SEED``
+``mixed DIR FSYNC CURSOR_FSYNC SEGMENT_SIZE SEED START``
     The crash matrix's program. Open the queue as writer (``retention="consumed"``) and
-    group ``g``; print ``ready <n> <committed>`` (``n``: the index after the last message).
+    group ``g``; print ``ready <n> <committed>`` (``n``: the index after the last message,
+    ``START``: the parent's count, which the log must agree with unless it is empty).
     Then, forever, pick an action at random and print its phase marker *before* doing it:
     ``P enqueue`` (1-8 ``enqueue`` calls of the next messages, ``E <i> <offset>`` after each
     returned), ``P roll`` (the same, when the next message does not fit in the current
@@ -124,14 +125,15 @@ def _write(argv: list[str]) -> None:
     _out(f"done {end}")
 
 
-def _count_messages(q: object) -> int:
+def _count_messages(q: object, empty: int = 0) -> int:
     """The index after the last message of the log (each message names its index: check
-    that they follow each other from the earliest one retention left)."""
+    that they follow each other from the earliest one retention left); ``empty`` when the
+    log holds no message."""
     off, n = q.earliest(), None  # type: ignore[attr-defined]
     while True:
         batch = q.read_columnar(off)  # type: ignore[attr-defined]
         if not len(batch):
-            return n or 0
+            return empty if n is None else n
         for k in range(len(batch)):
             head = bytes(batch.payload(k)[:10])
             if n is None:
@@ -244,14 +246,16 @@ def _open_on_wait(argv: list[str]) -> None:
 def _mixed(argv: list[str]) -> None:
     import k7core
 
-    d, fsync, cursor_fsync, seg, seed = argv
+    d, fsync, cursor_fsync, seg, seed, start = argv
     seg_i = int(seg)
     rng = random.Random(int(seed))
+    i = int(start)
 
     def open_all() -> tuple[k7core.Queue, k7core.ConsumerGroup, int]:
         q = k7core.Queue(d, fsync=fsync, segment_size=seg_i, retention="consumed")
         g = q.consumer_group("g", cursor_fsync=cursor_fsync)
-        n = _count_messages(q)
+        n = _count_messages(q, empty=i)  # retention may have left no message to count
+        assert n == i, f"the log ends before message {n}, expected {i}"
         _out(f"ready {n} {g.committed}")
         return q, g, n
 

@@ -43,9 +43,9 @@ SEGMENT = 2048  # a roll every ~20 messages
 KILLED = {"count": 0}
 
 
-def _check_log(qdir: Path, fsync: str) -> tuple[int, list[int], int]:
-    """Recover as the writer would. Returns the index of the first message retention left,
-    the offsets of the messages from there, and the end of the log."""
+def _check_log(qdir: Path, fsync: str) -> tuple[int | None, list[int], int]:
+    """Recover as the writer would. Returns the index of the first message retention left
+    (None when it left none), the offsets of the messages from there, and the end."""
     offsets: list[int] = []
     with k7core.Queue(qdir, fsync=fsync, segment_size=SEGMENT) as q:
         off = earliest = q.earliest()
@@ -68,7 +68,7 @@ def _check_log(qdir: Path, fsync: str) -> tuple[int, list[int], int]:
             # fit, and the next segment's base is that position
             assert o == expect, f"message {(first or 0) + k} at {o}, expected {expect}"
             expect = o + frame_size(len(payload((first or 0) + k)))
-        return first or 0, offsets, q.end
+        return first, offsets, q.end
 
 
 def _read_cursor(qdir: Path) -> int:
@@ -76,12 +76,15 @@ def _read_cursor(qdir: Path) -> int:
         return int(struct.unpack(">q", f.read(8))[0])
 
 
-def _kill_once(qdir: Path, fsync: str, cursor: str, phase: str, k: int, seed: int) -> int:
-    """One child, killed at the ``k``-th marker of ``phase``; checks; returns the index of
-    the first message retention left."""
+def _kill_once(
+    qdir: Path, fsync: str, cursor: str, phase: str, k: int, seed: int, start: int
+) -> tuple[int, int]:
+    """One child (its next message is ``start``), killed at the ``k``-th marker of
+    ``phase``; checks; returns the index of the first message retention left and the index
+    after the last message (the next child's ``start``)."""
     ctx = f"[seed={SEED} {fsync}/{cursor} phase={phase} k={k}]"
     before = _read_cursor(qdir) if (qdir / "cursor-g.k7").exists() else 0
-    with Child("mixed", str(qdir), fsync, cursor, str(SEGMENT), str(seed)) as child:
+    with Child("mixed", str(qdir), fsync, cursor, str(SEGMENT), str(seed), str(start)) as child:
         ready = child.line().split()
         assert ready[0] == b"ready" and int(ready[2]) == before, f"{ctx} resumed at {ready}"
         seen = 0
@@ -94,8 +97,12 @@ def _kill_once(qdir: Path, fsync: str, cursor: str, phase: str, k: int, seed: in
         lines += child.kill_and_drain()
         assert child.proc.returncode == -signal.SIGKILL, child.stderr()
     KILLED["count"] += 1
-    first, offsets, end = _check_log(qdir, fsync)
+    found, offsets, end = _check_log(qdir, fsync)
     earliest = offsets[0] if offsets else end
+    reported = [int(ln.split()[1]) for ln in lines if ln.startswith(b"E ")]
+    # an empty log: every message was reported, consumed and deleted (an unreported write
+    # cannot have been consumed, so it would still be there)
+    first = found if found is not None else max([start - 1, *reported]) + 1
 
     def offset_of(i: int) -> int | None:
         return offsets[i - first] if first <= i < first + len(offsets) else None
@@ -127,7 +134,7 @@ def _kill_once(qdir: Path, fsync: str, cursor: str, phase: str, k: int, seed: in
         )
     if acked is not None:
         assert committed >= acked[1], f"{ctx} cursor {committed} lost the reported ack {acked}"
-    return first
+    return first, first + len(offsets)
 
 
 @pytest.mark.parametrize("cursor", STRATEGIES)
@@ -137,9 +144,9 @@ def test_crash_matrix(tmp_path: Path, fsync: str, cursor: str) -> None:
     qdir = tmp_path / "q"
     plan = [phase for phase in PHASES for _ in range(KILLS)]
     rng.shuffle(plan)
-    first = 0
+    first = start = 0
     for phase in plan:
         k = rng.randint(1, {"enqueue": 40, "roll": 3, "retention": 2, "ack": 12, "close": 2}[phase])
-        first = _kill_once(qdir, fsync, cursor, phase, k, rng.randrange(1 << 30))
+        first, start = _kill_once(qdir, fsync, cursor, phase, k, rng.randrange(1 << 30), start)
     assert KILLED["count"] >= len(plan)
     assert first > 0, "retention never deleted a segment: the retention phase was not tested"

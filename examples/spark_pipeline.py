@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import tempfile
 import threading
 import time
@@ -60,24 +58,12 @@ def main() -> None:
     args = ap.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="k7-spark-pipeline-"))
     n = args.events
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from k7core.spark import K7DataSource
+    from k7core.spark import local_session
 
     print(f"pipeline directory: {root}")
-    spark = (
-        SparkSession.builder.master("local[2]").appName("k7-pipeline")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(K7DataSource)
+    spark = local_session("k7-pipeline")
     events, parquet, alerts = root / "events", root / "parquet", root / "alerts"
     k7core.Queue(events, fsync="flush").close()  # exists before the query plans
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 from typing import Any
@@ -39,11 +38,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    from k7core.spark import K7DataSource
+    from k7core.spark import local_session
 
     root = tempfile.mkdtemp(prefix="k7-spark-stream-")
     try:
@@ -51,15 +46,7 @@ def main() -> None:
         with k7core.Queue(source, fsync="flush") as q:
             for i in range(0, n, 10_000):
                 q.enqueue_many([b"x" * 32] * min(10_000, n - i))
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
-        spark.dataSource.register(K7DataSource)
+        spark = local_session("k7-stream-throughput")
         try:
             for run in range(args.runs):
                 ck = os.path.join(root, f"ck{run}")

@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import logging
 import os
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -51,6 +52,7 @@ __all__ = [
     "K7OptionError",
     "K7Partition",
     "K7StagedRows",
+    "local_session",
 ]
 
 DEFAULT_SCHEMA = "offset BIGINT, payload BINARY"
@@ -480,3 +482,30 @@ def _append_binary(q: Queue, col: pa.Array) -> None:
     offsets = memoryview(buffers[1]).cast("i")[col.offset : col.offset + n + 1]
     data = buffers[2] if buffers[2] is not None else b""
     q.enqueue_columnar(memoryview(data), offsets)
+
+
+def local_session(app_name: str = "k7", **conf: str) -> Any:
+    """A SparkSession on this machine (``local[2]``, UI and console progress off, 2 shuffle
+    partitions, UTC) with ``format("k7")`` registered: for examples, tests and benchmarks.
+
+    Sets ``SPARK_LOCAL_IP=127.0.0.1`` unless set, and ``PYSPARK_PYTHON`` to this interpreter
+    so that Spark's Python workers import this k7core. ``conf`` adds Spark settings (dots
+    as ``_``: ``sql_warehouse_dir="/tmp/w"`` is ``spark.sql.warehouse.dir``).
+    """
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    builder = (
+        SparkSession.builder.master("local[2]").appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    for key, value in conf.items():
+        builder = builder.config("spark." + key.replace("_", "."), value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(K7DataSource)
+    return session

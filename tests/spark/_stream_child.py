@@ -68,23 +68,9 @@ class StreamChild:
 
 
 def main(source: str, checkpoints: str, parquet_out: str, k7_out: str) -> None:
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    from k7core.spark import local_session
 
-    from k7core.spark import K7DataSource
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("k7core-stream-child")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(K7DataSource)
+    spark = local_session("k7core-stream-child")
     start(spark, source, os.path.join(checkpoints, "parquet"), "parquet", parquet_out,
           trigger="0.5 seconds")
     start(spark, source, os.path.join(checkpoints, "k7"), "k7", k7_out, trigger="0.5 seconds")

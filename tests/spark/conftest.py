@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -34,27 +33,11 @@ def stream_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamChi
 def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
     if any(item.name == KILL_TEST for item in request.session.items):
         request.getfixturevalue("stream_child")  # its JVM starts while other tests run
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["TZ"] = "UTC"
-    from pyspark.sql import SparkSession
-
-    from k7core.spark import K7DataSource
+    from k7core.spark import local_session
 
     warehouse = tempfile.mkdtemp(prefix="k7-spark-warehouse-")
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("k7core-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.warehouse.dir", warehouse)
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(K7DataSource)
+    session = local_session("k7core-tests", sql_warehouse_dir=warehouse)
     try:
         yield session
     finally:

@@ -97,7 +97,9 @@ class ConsumerGroup(Resource):
         self.queue = queue
         self.cursor_fsync = parse_fsync(cursor_fsync, "cursor_fsync")
         self.path = queue.path / cursor_name(name)
-        res = self._res = _GroupResources(open_fd(self.path, os.O_RDWR | os.O_CREAT))
+        res = self._res = _GroupResources(
+            open_fd(self.path, os.O_RDWR | os.O_CREAT, queue.file_mode)
+        )
         self._finalizer = weakref.finalize(self, res.release)
         try:
             if not try_lock(res.fd):

@@ -55,6 +55,7 @@ from ._stats import (
     read_cursors,
 )
 from ._storage import (
+    FILE_MODE,
     Mapping,
     SpareSegment,
     create_segment,
@@ -192,6 +193,11 @@ class Queue(Resource):
     segments last written longer ago than that. The limits apply even to unconsumed data.
     ``remove_when_empty=True`` deletes every file of the queue (and the directory, if then
     empty) on ``close()`` when every group has committed the whole log.
+
+    Files are created with ``file_mode`` (default ``0o600``: the owner only; the umask
+    applies on top) and never opened through a symbolic link. To share a queue with a group
+    of users, pass ``file_mode=0o660`` and give the directory to that group (see
+    docs/security.md).
     """
 
     def __init__(
@@ -206,6 +212,7 @@ class Queue(Resource):
         retention_bytes: int | None = None,
         retention_age: float | None = None,
         remove_when_empty: bool = False,
+        file_mode: int = FILE_MODE,
     ) -> None:
         self._closed = True
         self._w: Any = None
@@ -236,6 +243,13 @@ class Queue(Resource):
         self.retention_bytes = retention_bytes
         self.retention_age = None if retention_age is None else float(retention_age)
         self.remove_when_empty = bool(remove_when_empty)
+        if not isinstance(file_mode, int) or not 0o400 <= file_mode <= 0o777 or not (
+            file_mode & 0o600 == 0o600
+        ):
+            raise ValueError(
+                f"file_mode must give the owner read and write (0o600 .. 0o777), not {file_mode!r}"
+            )
+        self.file_mode = file_mode
         self._events: list[RecoveryEvent] = []
         self._deleted_segments = 0
         self._deleted_bytes = 0
@@ -272,7 +286,7 @@ class Queue(Resource):
                 ) from exc
             if not self.path.is_dir():
                 raise NotAQueueError(f"{self.path} is not a directory", path=self.path)
-            fd = open_fd(self.path / WRITER_LOCK, os.O_RDWR | os.O_CREAT)
+            fd = open_fd(self.path / WRITER_LOCK, os.O_RDWR | os.O_CREAT, self.file_mode)
             self._r.lock_fd = fd
             if not _lock_with_retry(fd):
                 raise QueueLockedError(
@@ -291,8 +305,8 @@ class Queue(Resource):
     def _open_position(self) -> None:
         path = self.path / POSITION_FILE
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError:
+            fd = open_fd(path, os.O_RDWR | os.O_CREAT, self.file_mode)
+        except StorageError:
             if not self.readonly:
                 raise
             self._pub: Any = ffi.new("k7_pos *")  # read-only directory: private, polled
@@ -319,7 +333,8 @@ class Queue(Resource):
     def _recover(self) -> None:
         durable = self.fsync is not Fsync.FLUSH
         if not self._bases:
-            create_segment(self.path, 0, self.segment_size, durable=durable)
+            create_segment(self.path, 0, self.segment_size, durable=durable,
+                           mode=self.file_mode)
             self._bases = [0]
         base = self._bases[-1]
         path = self.path / segment_name(base)
@@ -336,7 +351,8 @@ class Queue(Resource):
             self._events.append(RecoveryEvent(
                 "short-segment-reset", base, base, size, None, time.time()
             ))
-            create_segment(self.path, base, self.segment_size, durable=durable)
+            create_segment(self.path, base, self.segment_size, durable=durable,
+                           mode=self.file_mode)
             m = map_file(path, writable=True)
             assert m is not None
             end = 0
@@ -371,7 +387,7 @@ class Queue(Resource):
         if self.segment_size >= SPARE_MIN_SIZE:
             self._r.spare = SpareSegment(
                 self.path / SPARE_SEGMENT, self.segment_size,
-                durable=self.fsync is not Fsync.FLUSH, prefault=prefault,
+                durable=self.fsync is not Fsync.FLUSH, prefault=prefault, mode=self.file_mode,
             )
 
     def _cut_tail(self, m: Mapping, base: int, end: int) -> None:
@@ -383,7 +399,8 @@ class Queue(Resource):
             return
         assert m.mm is not None
         side = self.path / f"k7py-torn-{base:020d}-{end:012d}-{time.time_ns()}.bin"
-        with open(side, "wb") as f:
+        side_fd = open_fd(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.file_mode)
+        with os.fdopen(side_fd, "wb") as f:
             f.write(m.mm[end:last])
             f.flush()
             os.fsync(f.fileno())
@@ -559,7 +576,8 @@ class Queue(Resource):
         spare, self._r.spare = self._r.spare, None
         m = spare.take(self.path / segment_name(new_base)) if spare is not None else None
         if m is None:
-            path = create_segment(self.path, new_base, self.segment_size, durable=durable)
+            path = create_segment(self.path, new_base, self.segment_size, durable=durable,
+                                  mode=self.file_mode)
             m = map_file(path, writable=True)
             assert m is not None
             m.prefetch()

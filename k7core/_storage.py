@@ -58,10 +58,21 @@ class Mapping:
             mm.close()
 
 
-def open_fd(path: Path, flags: int, mode: int = 0o644) -> int:
+FILE_MODE = 0o600
+"""Permissions of the files a queue creates (before the umask): owner read and write."""
+
+
+def open_fd(path: Path, flags: int, mode: int = FILE_MODE) -> int:
+    """Open a file of a queue directory; never through a symbolic link (``O_NOFOLLOW``)."""
     try:
-        return os.open(path, flags | os.O_CLOEXEC, mode)
+        return os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StorageError(
+                f"cannot open {path}: it is a symbolic link", errno_=exc.errno, path=path,
+                hint="k7core does not follow links inside a queue directory; replace the "
+                "link with the file itself",
+            ) from exc
         raise StorageError(
             f"cannot open {path}: {exc.strerror}", errno_=exc.errno or 0, path=path
         ) from exc
@@ -79,7 +90,7 @@ def try_lock(fd: int, *, exclusive: bool = True) -> bool:
 def lock_is_free(path: Path) -> bool:
     """True when nobody holds an exclusive flock on ``path`` (tested without keeping it)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         return True
     try:
@@ -130,10 +141,12 @@ def preallocate(fd: int, size: int, path: Path) -> None:
         ) from exc
 
 
-def create_segment(directory: Path, base: int, size: int, *, durable: bool) -> Path:
+def create_segment(
+    directory: Path, base: int, size: int, *, durable: bool, mode: int = FILE_MODE
+) -> Path:
     """Create (or re-create an empty, short one left by a crash) and preallocate a segment."""
     path = directory / segment_name(base)
-    fd = open_fd(path, os.O_RDWR | os.O_CREAT)
+    fd = open_fd(path, os.O_RDWR | os.O_CREAT, mode)
     try:
         preallocate(fd, size, path)
         if durable:
@@ -159,9 +172,12 @@ class SpareSegment:
     writer replaces it.
     """
 
-    def __init__(self, path: Path, size: int, *, durable: bool, prefault: bool) -> None:
+    def __init__(
+        self, path: Path, size: int, *, durable: bool, prefault: bool, mode: int = FILE_MODE
+    ) -> None:
         self.path = path
         self._size = size
+        self._mode = mode
         self._durable = durable
         self._prefault = prefault
         self._map: Mapping | None = None
@@ -173,7 +189,7 @@ class SpareSegment:
 
     def _prepare(self) -> None:
         try:
-            fd = open_fd(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+            fd = open_fd(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, self._mode)
             try:
                 preallocate(fd, self._size, self.path)
                 if self._durable:
@@ -245,7 +261,7 @@ def data_regions(path: Path, start: int, size: int) -> list[tuple[int, int]]:
     Preallocated but never written blocks are holes, so the search for a torn tail does not
     read a whole empty segment. Where the filesystem cannot tell, the whole range is data.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     regions = []
     try:
         pos = start

@@ -107,3 +107,8 @@ class StorageError(K7Error, OSError):
         self.strerror = os.strerror(errno_) if errno_ else message
         self.filename = self.path
 
+    def __str__(self) -> str:
+        # OSError's own str() would show only "[Errno N] strerror: 'path'": keep the
+        # message and the hint.
+        return str(self.args[0]) if self.args else super().__str__()
+

@@ -863,7 +863,9 @@ class Queue(Resource):
             err = fl.error
         if w is not None:
             with self._flusher_lock():
-                err = lib.k7_writer_sync(w) or err
+                # an earlier failure stays reported: pages whose writeback failed may be
+                # gone even if this msync succeeds
+                err = lib.k7_writer_sync(w) or int(w.err) or err
         held = (
             self._lock_drained(int(w.base + w.pos))
             if self.remove_when_empty and w is not None and not err and first_error is None

@@ -121,9 +121,15 @@ def list_segments(directory: Path) -> list[int]:
     return bases
 
 
+FAULTS: dict[str, int] = {}
+"""Fault injection seam (tests, through :mod:`k7core._faults`): operation -> errno."""
+
+
 def preallocate(fd: int, size: int, path: Path) -> None:
     """Reserve real blocks so a full disk fails here, not with SIGBUS on a later write."""
     try:
+        if FAULTS.get("preallocate"):
+            raise OSError(FAULTS["preallocate"], os.strerror(FAULTS["preallocate"]))
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:
         if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):

@@ -485,8 +485,18 @@ static PyTypeObject FetcherType = {
 
 /* ------------------------------------------------------------------ module */
 
+/* set_fault_msync(errno): the fault-injection seam (k7core._faults) for this module's copy
+ * of the kernel, which the fast paths use; the cffi module has its own. */
+static PyObject *set_fault_msync(PyObject *module, PyObject *arg) {
+    long v = PyLong_AsLong(arg);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    __atomic_store_n(&k7_fault_msync, (int32_t)v, __ATOMIC_RELAXED);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"set_busy_error", (PyCFunction)set_busy_error, METH_O, NULL},
+    {"set_fault_msync", (PyCFunction)set_fault_msync, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };
 

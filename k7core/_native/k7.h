@@ -161,5 +161,8 @@ int k7_flusher_sync(k7_flusher *f);         /* one pass, under the lock; 0 or er
 int k7_flusher_error(k7_flusher *f);
 
 int k7_msync(uint8_t *addr, int64_t start, int64_t end);
+/* Fault injection (tests, through k7core._faults): when nonzero, every k7_msync fails with
+ * this errno instead of syncing. */
+extern int32_t k7_fault_msync;
 int k7_prefault(uint8_t *addr, int64_t len);  /* page tables writable now; 0 or errno */
 void k7_sleep_ns(int64_t ns);

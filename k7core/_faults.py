@@ -1,0 +1,39 @@
+"""Fault injection for tests: a seam in the library, so tests need not patch internals.
+
+``with inject("msync", errno.EIO): ...`` makes every msync of the log and of the cursors
+fail with that errno (in the C kernel, ``k7_fault_msync``); ``inject("preallocate",
+errno.ENOSPC)`` makes segment preallocation fail as on a full disk. Process-wide; not for
+production use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+from ._kernel import lib
+from ._native._fast import set_fault_msync
+from ._storage import FAULTS
+
+Fault = Literal["msync", "preallocate"]
+
+
+@contextmanager
+def inject(fault: Fault, err: int) -> Iterator[None]:
+    """Make ``fault`` fail with ``err`` (an errno) inside the block."""
+    if fault == "msync":
+        lib.k7_fault_msync = err  # the cffi module's copy of the kernel
+        set_fault_msync(err)  # and the fast paths' copy
+    elif fault == "preallocate":
+        FAULTS["preallocate"] = err
+    else:
+        raise ValueError(f"unknown fault {fault!r}")
+    try:
+        yield
+    finally:
+        if fault == "msync":
+            lib.k7_fault_msync = 0
+            set_fault_msync(0)
+        else:
+            FAULTS.pop("preallocate", None)

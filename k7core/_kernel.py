@@ -1,4 +1,5 @@
-"""The compiled cffi kernel (``k7core._native._k7``): ``ffi`` and ``lib``."""
+"""The compiled kernel: ``ffi`` and ``lib`` (cffi, ``k7core._native._k7``), and the thread
+guard of the CPython fast paths (``k7core._native._fast``)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,15 @@ from contextlib import contextmanager
 from typing import Any
 
 from ._errors import ConcurrentUseError
-from ._native._fast import Appender, Fetcher, set_busy_error
 
 try:
+    from ._native._fast import Appender, Fetcher, set_busy_error
     from ._native._k7 import ffi as _ffi
     from ._native._k7 import lib as _lib
 except ImportError as exc:  # pragma: no cover - only when the build step was skipped
     raise ImportError(
         "k7core's C kernel is not built: install the package with `pip install .` "
-        "(it compiles k7core/_native/k7.c through cffi)"
+        "(it compiles k7core/_native/k7.c and _fast.c)"
     ) from exc
 
 ffi: Any = _ffi

@@ -10,6 +10,7 @@
 from ._errors import ClosedError as ClosedError
 from ._errors import ConcurrentUseError as ConcurrentUseError
 from ._errors import CorruptFrameError as CorruptFrameError
+from ._errors import CursorError as CursorError
 from ._errors import DataLossError as DataLossError
 from ._errors import GroupBusyError as GroupBusyError
 from ._errors import InvalidNameError as InvalidNameError
@@ -44,6 +45,7 @@ __all__ = [
     "ConcurrentUseError",
     "ConsumerGroup",
     "CorruptFrameError",
+    "CursorError",
     "DataLossError",
     "Fsync",
     "GroupBusyError",

@@ -78,6 +78,30 @@ class DataLossError(K7Error):
         self.earliest = earliest
 
 
+class CursorError(K7Error):
+    """A consumer group's stored cursor is not a frame boundary of the log: negative,
+    beyond the end, or inside a frame (a damaged or foreign cursor file, or a cursor synced
+    while the log's tail was lost). Raised by ``poll`` until ``seek`` repositions the group.
+
+    ``offset`` is the stored cursor, ``end`` the log's visible end, ``boundary`` the frame
+    boundary just after the cursor when it lies inside a frame (else None).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        end: int,
+        boundary: int | None = None,
+        path: str | os.PathLike[str] | None = None,
+        offset: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, path=path, offset=offset, hint=hint)
+        self.end = end
+        self.boundary = boundary
+
+
 class MessageTooLargeError(K7Error, ValueError):
     """The message cannot fit in an empty segment (or exceeds the 2 GiB frame limit)."""
 

@@ -9,16 +9,39 @@ import time
 import weakref
 from collections.abc import Iterable
 from operator import itemgetter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ClosedError, DataLossError, GroupBusyError, StorageError
-from ._format import CURSOR_FILE_SIZE, Fsync, check_group_name, cursor_name, parse_fsync
+from ._errors import (
+    ClosedError,
+    CorruptFrameError,
+    CursorError,
+    DataLossError,
+    GroupBusyError,
+    StorageError,
+)
+from ._format import (
+    CURSOR_FILE_SIZE,
+    Fsync,
+    check_group_name,
+    cursor_name,
+    parse_fsync,
+    segment_name,
+)
 from ._kernel import SCAN_CORRUPT, address, ffi, lib, owned
 from ._native._fast import Fetcher
 from ._reader import Reader
 from ._resource import Resource
 from ._stats import GroupStats
-from ._storage import Mapping, fsync_dir, list_segments, open_fd, try_lock
+from ._storage import (
+    Mapping,
+    fsync_dir,
+    list_segments,
+    map_file,
+    open_fd,
+    preallocate,
+    try_lock,
+)
 
 if TYPE_CHECKING:
     from ._queue import Queue, _Flusher
@@ -109,7 +132,12 @@ class ConsumerGroup(Resource):
                 )
             created = os.fstat(res.fd).st_size < CURSOR_FILE_SIZE
             if created:
-                os.ftruncate(res.fd, CURSOR_FILE_SIZE)
+                try:  # real blocks: a full disk fails here, not with SIGBUS at the first ack
+                    preallocate(res.fd, CURSOR_FILE_SIZE, self.path)
+                except StorageError:
+                    with contextlib.suppress(OSError):
+                        os.unlink(self.path)  # no empty cursor left to hold up retention
+                    raise
                 if self.cursor_fsync is not Fsync.FLUSH:
                     os.fsync(res.fd)
                     fsync_dir(queue.path)
@@ -140,12 +168,45 @@ class ConsumerGroup(Resource):
             self._fetch = Fetcher(address(self._rc), address(self._f), Message)
             self._reader.fetcher = self._fetch
             self._cap = int(self._rc.capacity)  # poll's fast path takes up to this; 0 when closed
+            self._bad_cursor = self._check_cursor(committed)
+            if self._bad_cursor is not None:
+                self._cap = 0  # poll takes the slow path, which raises it until a seek
         except BaseException:
             self._finalizer()
             raise
         self._redeliver: list[int] = []  # nacked offsets, ascending; still in flight
         self._closed = False
         queue._groups.add(self)
+
+    def _check_cursor(self, committed: int) -> CursorError | None:
+        """The error to report if the stored cursor is not a frame boundary of the log:
+        negative, past the visible end, or inside a frame (found by walking the frames of
+        its segment from the segment's start: one scan at open, none on the hot path)."""
+        end = self.queue._visible_end()
+        hint = (
+            f"seek({end}) to continue with new messages, or seek(queue.earliest()) to replay "
+            "the log"
+        )
+        if committed < 0 or committed > end:
+            where = "negative" if committed < 0 else f"beyond the end of the log ({end})"
+            return CursorError(
+                f"the cursor of group {self.name!r} is {committed}: {where}",
+                path=self.path, offset=committed, end=end, hint=hint,
+            )
+        bases = list_segments(self.queue.path)
+        i = bisect.bisect_right(bases, committed) - 1
+        if committed == end or i < 0 or bases[i] == committed:
+            return None  # at the end, at a segment start, or before the log (DataLossError)
+        base = bases[i]
+        boundary = _next_boundary(self.queue.path / segment_name(base), committed - base)
+        if boundary is None:
+            return None
+        return CursorError(
+            f"the cursor of group {self.name!r} is {committed}: inside a frame of "
+            f"{segment_name(base)} (the next frame starts at {base + boundary})",
+            path=self.path, offset=committed, end=end, boundary=base + boundary,
+            hint=f"seek({base + boundary}) to continue from the next frame; " + hint,
+        )
 
     # ------------------------------------------------------------------ reading
 
@@ -164,6 +225,8 @@ class ConsumerGroup(Resource):
         with owned(self._fetch):
             if self._closed:
                 self._raise_closed()
+            if self._bad_cursor is not None:
+                raise self._bad_cursor
             if max_batch < 1:
                 raise ValueError("max_batch must be >= 1")
             if self._redeliver:
@@ -217,8 +280,9 @@ class ConsumerGroup(Resource):
         """A short batch continues in the next segment when data is visible beyond it."""
         c = self._rc
         if c.status != SCAN_CORRUPT and c.pos < c.end:
-            with contextlib.suppress(DataLossError):  # deliver what was read; the next
-                msgs += self._read_raw(max_batch - len(msgs))  # poll reports the loss
+            # deliver what was read; the next poll reports the loss or the damage
+            with contextlib.suppress(DataLossError, CorruptFrameError):
+                msgs += self._read_raw(max_batch - len(msgs))
         return msgs
 
     def _take_redeliveries(self, max_batch: int) -> list[Message]:
@@ -292,6 +356,9 @@ class ConsumerGroup(Resource):
             rc = lib.k7_reset(self._f, offset)
             if rc:
                 self._raise_store(rc)
+            if self._bad_cursor is not None:
+                self._bad_cursor = None
+                self._cap = int(self._rc.capacity)
 
     def _raise_store(self, err: int) -> None:
         raise StorageError(
@@ -390,3 +457,21 @@ class ConsumerGroup(Resource):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"committed={self.committed}"
         return f"<k7core.ConsumerGroup {self.name!r} {state}>"
+
+
+def _next_boundary(path: Path, local: int) -> int | None:
+    """None when ``local`` is a frame boundary of the segment at ``path`` (following the
+    frame headers from its start), or when that cannot be told (the file is gone, or a
+    header on the way is not a frame: the reader reports that); else the first boundary
+    after ``local``."""
+    try:
+        m = map_file(path, writable=False)
+    except StorageError:
+        return None
+    if m is None:
+        return None
+    try:
+        boundary = int(lib.k7_walk(m.ptr, m.size, 0, local))
+    finally:
+        m.close()
+    return None if boundary < 0 or boundary == local else boundary

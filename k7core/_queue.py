@@ -65,6 +65,7 @@ from ._storage import (
     lock_is_free,
     map_file,
     open_fd,
+    preallocate,
     try_lock,
 )
 
@@ -313,7 +314,7 @@ class Queue(Resource):
             return
         try:
             if os.fstat(fd).st_size < POSITION_FILE_SIZE:
-                os.ftruncate(fd, POSITION_FILE_SIZE)
+                preallocate(fd, POSITION_FILE_SIZE, path)
             self._r.pos_map = Mapping(fd, POSITION_FILE_SIZE, writable=True)
         finally:
             os.close(fd)
@@ -619,7 +620,8 @@ class Queue(Resource):
         if self.retention == "consumed":
             cursors = read_cursors(self.path)
             if cursors:
-                low = min(c for _, c in cursors)
+                end = self._visible_end()  # a cursor outside the log holds everything back
+                low = min(c if 0 <= c <= end else 0 for _, c in cursors)
                 while k < len(sealed) and ends[k] <= low:
                     k += 1
         if self.retention_bytes is not None:

@@ -18,6 +18,16 @@ if TYPE_CHECKING:
 SCAN_NOSEG: int = lib.K7_SCAN_NOSEG
 
 
+def _sealed_end(c: object) -> int:
+    """Where the segment the reader is in was sealed: its frames end at ``c.pos`` and only
+    zeros follow (so the next segment should start there)."""
+    seg, cap, base, pos = c.seg, int(c.cap), int(c.base), int(c.pos)  # type: ignore[attr-defined]
+    local = pos - base
+    if seg == ffi.NULL or not 0 <= local <= cap:
+        return -1
+    return pos if int(lib.k7_last_nonzero(seg, local, cap)) == local else -1
+
+
 class Reader:
     """One consumer's read state (single-threaded): a C ``k7_reader`` plus the mapping of the
     segment it is in.
@@ -125,6 +135,14 @@ class Reader:
         if bases and pos < bases[0]:
             raise self._data_loss(pos, bases[0])
         later = [b for b in bases if b > pos]
+        if later and pos == _sealed_end(self.c):
+            raise CorruptFrameError(
+                f"segment {segment_name(pos)} is missing: the log has a gap from offset {pos} "
+                f"to {later[0]}",
+                path=self._queue.path / segment_name(pos),
+                offset=pos,
+                hint=f"restore the file, or seek to {later[0]} (the next segment)",
+            )
         raise CorruptFrameError(
             f"no valid frame at offset {pos} in {segment_name(cur)} and no segment starts there",
             path=self._queue.path / segment_name(cur),

@@ -5,13 +5,16 @@ written)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._format import CURSOR_PREFIX, SEGMENT_RE
+from ._errors import InvalidNameError
+from ._format import CURSOR_PREFIX, SEGMENT_RE, check_group_name
 from ._storage import lock_is_free
 
 #: ``lag_messages`` is counted (a CRC-checked scan of the frames) only when the lag is at
@@ -178,11 +181,21 @@ def read_cursors(directory: Path) -> list[tuple[str, int]]:
     for name in os.listdir(directory):
         if not (name.startswith(CURSOR_PREFIX) and name.endswith(".k7")):
             continue
-        try:
-            with open(directory / name, "rb") as f:
-                head = f.read(8)
-        except FileNotFoundError:
+        try:  # foreign files (bad group name, directory, symbolic link) are not cursors
+            check_group_name(name[len(CURSOR_PREFIX) : -3])
+            fd = os.open(directory / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except (InvalidNameError, FileNotFoundError, IsADirectoryError):
             continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                continue
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            head = os.pread(fd, 8, 0)
+        finally:
+            os.close(fd)
         committed = struct.unpack(">q", head)[0] if len(head) == 8 else 0
         out.append((name[len(CURSOR_PREFIX) : -3], int(committed)))
     out.sort()

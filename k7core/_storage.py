@@ -7,6 +7,7 @@ import errno
 import fcntl
 import mmap
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -253,10 +254,20 @@ def map_file(path: Path, *, writable: bool) -> Mapping | None:
     """Map a whole file; None when it is empty (a segment left by a crash during a roll)."""
     fd = open_fd(path, os.O_RDWR if writable else os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
-        if size == 0:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StorageError(
+                f"cannot map {path}: not a regular file", errno_=errno.EINVAL, path=path,
+                hint="only k7core's own files may carry its file names in a queue directory",
+            )
+        if st.st_size == 0:
             return None
-        return Mapping(fd, size, writable=writable)
+        try:
+            return Mapping(fd, st.st_size, writable=writable)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot map {path}: {exc.strerror}", errno_=exc.errno or 0, path=path
+            ) from exc
     finally:
         os.close(fd)
 

@@ -187,6 +187,19 @@ def scan_end(buf: ReadableBuffer, cap: int) -> ScanEnd:
     return ScanEnd(pos, count, status)
 
 
+def walk(buf: ReadableBuffer, cap: int, pos: int, target: int) -> int:
+    """Follow frame headers (magic, flags, length; no CRC) from ``pos``: the first frame
+    boundary at or after ``target``, or -1 when a header on the way is not a frame."""
+    while pos < target:
+        if pos < 0 or pos > cap - HEADER:
+            return -1
+        magic, flags, length, _ = _HDR.unpack_from(buf, pos)
+        if magic != MAGIC or flags != FLAG_COMMITTED or length > cap - pos - HEADER:
+            return -1
+        pos += frame_size(length)
+    return pos
+
+
 def last_nonzero(buf: ReadableBuffer, from_: int, cap: int) -> int:
     """End (index + 1) of the last non-zero byte in ``[max(from_, 0), cap)``, else that start."""
     _check_cap(buf, cap)

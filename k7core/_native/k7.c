@@ -156,6 +156,18 @@ int64_t k7_scan_end(const uint8_t *buf, int64_t cap, int64_t *out_count, int32_t
     return pos;
 }
 
+int64_t k7_walk(const uint8_t *buf, int64_t cap, int64_t pos, int64_t target) {
+    while (pos < target) {
+        if (pos < 0 || pos > cap - K7_HEADER) return -1;
+        const uint8_t *f = buf + pos;
+        if (f[0] != K7_MAGIC || f[1] != K7_FLAG_COMMITTED) return -1;
+        int64_t len = (int64_t)be32(f + 2);
+        if (len > cap - pos - K7_HEADER) return -1;
+        pos += k7_frame_size(len);
+    }
+    return pos;
+}
+
 int64_t k7_last_nonzero(const uint8_t *buf, int64_t from, int64_t cap) {
     if (from < 0) from = 0;
     int64_t i = cap;

@@ -1,7 +1,9 @@
 """Faults injected through the library's seam (``k7core._faults``): msync failing with EIO,
-a full disk at segment preallocation. Errors reach the caller; nothing reported durable
-is lost; a message whose msync failed is not in the log; the queue stays readable and
-takes writes again once the fault is gone."""
+a full disk at segment and cursor preallocation; and damage done to the files of a queue
+directory by hand: cursors pointing outside the log or inside a frame, a missing segment,
+foreign files, files deleted, shrunk or replaced under an open queue, permissions. Errors
+reach the caller, clear and typed; nothing reported durable is lost; no wrong payload is
+delivered; the queue stays readable and takes writes again once the fault is gone."""
 
 from __future__ import annotations
 
@@ -85,13 +87,32 @@ def test_full_disk_at_preallocation(tmp_path: Path) -> None:
     assert info.value.errno == errno.ENOSPC and "free disk space" in str(info.value)
     with k7core.Queue(qdir, fsync="flush", segment_size=4096) as q:
         offs = q.enqueue_many([b"x" * 1000] * 3)  # fills most of the first segment
+        g = q.consumer_group("g")
         with inject("preallocate", errno.ENOSPC):
             with pytest.raises(k7core.StorageError, match="preallocate"):
                 q.enqueue_many([b"y" * 1000] * 3)  # needs a new segment
-            with q.consumer_group("g") as g:  # still readable
+            with g:  # still readable
                 got = [bytes(m.payload) for m in g.poll(max_batch=10, timeout=0)]
         # what fitted before the roll was written (the batch is not atomic across segments)
         assert got[:3] == [b"x" * 1000] * 3 and set(got[3:]) <= {b"y" * 1000}
         more = q.enqueue_many([b"z" * 1000] * 3)  # space is back: writes go on
         assert more[0] > offs[-1]
     assert _payloads(qdir) == got + [b"z" * 1000] * 3
+
+
+def test_full_disk_at_cursor_creation(tmp_path: Path) -> None:
+    qdir = tmp_path / "q"
+    with k7core.Queue(qdir, fsync="flush", segment_size=4096, retention="consumed") as q:
+        q.enqueue_many([b"a", b"b"])
+        with q.consumer_group("old") as old:
+            old.ack_many(old.poll(max_batch=10, timeout=0))
+        with inject("preallocate", errno.ENOSPC), pytest.raises(k7core.StorageError) as info:
+            q.consumer_group("new")
+        assert info.value.errno == errno.ENOSPC and "free disk space" in str(info.value)
+        assert not (qdir / "cursor-new.k7").exists()  # no empty cursor left behind
+        q.enqueue(b"c")  # the queue goes on: writes, existing groups
+        with q.consumer_group("old") as old:
+            assert [bytes(m.payload) for m in old.poll(max_batch=10, timeout=0)] == [b"c"]
+        with q.consumer_group("new") as new:  # space is back
+            got = [bytes(m.payload) for m in new.poll(max_batch=10, timeout=0)]
+            assert got == [b"a", b"b", b"c"]

@@ -134,6 +134,9 @@ static void check_scan(const uint8_t *img, int64_t cap) {
     int64_t from = below(3) ? end : pick_position(cap);
     int64_t last = k7_last_nonzero(img, from > cap ? cap : from, cap);
     CHECK(last <= cap, "last_nonzero %lld", (long long)last);
+    int64_t target = pick_position(cap);
+    int64_t walked = k7_walk(img, cap, below(2) ? 0 : pick_position(cap), target);
+    CHECK(walked == -1 || walked >= target, "walk %lld to %lld", (long long)walked, (long long)target);
 }
 
 static void check_reader(const uint8_t *img, int64_t cap) {

@@ -342,6 +342,31 @@ def test_scan_end_matches_reference(log: tuple[bytearray, int, list[int]]) -> No
 
 
 @SETTINGS
+@given(log=mutated_logs(), data=st.data())
+def test_walk_matches_reference(log: tuple[bytearray, int, list[int]], data: st.DataObject) -> None:
+    buf, cap, starts = log
+    for _ in range(4):
+        pos = data.draw(positions_st(cap, starts), label="pos")
+        target = data.draw(positions_st(cap, starts), label="target")
+        got = lib.k7_walk(cbuf(buf), cap, pos, target)
+        assert got == ref.walk(buf, cap, pos, target)
+
+
+@SETTINGS
+@given(payloads=payloads_st)
+def test_walk_finds_boundaries_of_a_valid_log(payloads: list[bytes]) -> None:
+    buf, starts = reference_log(1024, payloads, 0)
+    if not starts:
+        assert lib.k7_walk(cbuf(buf), 1024, 0, 8) == -1  # zeros are not a frame
+        return
+    ends: list[int | None] = [*starts[1:], None]
+    for start, nxt in zip(starts, ends, strict=True):
+        assert lib.k7_walk(cbuf(buf), 1024, 0, start) == start
+        if nxt is not None:  # inside the frame at start: the boundary after it
+            assert lib.k7_walk(cbuf(buf), 1024, 0, start + 1) == nxt
+
+
+@SETTINGS
 @given(log=mutated_logs(), froms=st.lists(st.integers(-20, 720), min_size=1, max_size=4))
 def test_last_nonzero_matches_reference(
     log: tuple[bytearray, int, list[int]], froms: list[int]
@@ -493,6 +518,9 @@ def test_fuzz_scanners_stay_in_bounds(
     assert 0 <= end.frames <= (max(cap, 0) + 6) // 16
     assert end.status in (ref.SCAN_OK, ref.SCAN_EMPTY, ref.SCAN_CORRUPT)
 
+    walked = lib.k7_walk(ptr, cap, pos, limit)
+    assert walked == -1 or walked >= limit
+
     lnz = lib.k7_last_nonzero(ptr, from_, cap)
     start = max(from_, 0)
     if start < cap:
@@ -505,6 +533,7 @@ def test_fuzz_scanners_stay_in_bounds(
         assert res == ref.scan(view, cap, pos, limit, max_n)
         assert end == ref.scan_end(view, cap)
         assert lnz == ref.last_nonzero(view, from_, cap)
+        assert walked == ref.walk(view, cap, pos, limit)
 
 
 @FUZZ_SETTINGS

@@ -1,0 +1,138 @@
+"""A queue directory damaged by hand: cursor files holding a value outside the log or inside
+a frame, a missing segment in the middle, foreign files. Each is detected and reported with
+a typed error that says where and what to do, or ignored when harmless; none makes the
+library deliver a wrong payload, and ``seek`` recovers a group."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+import k7core
+
+SEGMENT = 256
+
+
+def _fill(qdir: Path, n: int = 30) -> list[int]:
+    with k7core.Queue(qdir, segment_size=SEGMENT) as q:
+        return q.enqueue_many([_msg(i) for i in range(n)])
+
+
+def _msg(i: int) -> bytes:
+    return b"m%03d" % i + b"." * 40
+
+
+def _set_cursor(qdir: Path, group: str, value: int) -> None:
+    with open(qdir / f"cursor-{group}.k7", "r+b") as f:
+        f.write(struct.pack(">q", value))
+
+
+def _drain(g: k7core.ConsumerGroup) -> list[bytes]:
+    out: list[bytes] = []
+    while batch := g.poll(max_batch=100, timeout=0):
+        out += [bytes(m.payload) for m in batch]
+        g.ack_many(batch)
+    return out
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+@pytest.mark.parametrize("where", ["beyond", "negative", "inside"])
+def test_cursor_outside_the_log_or_inside_a_frame(
+    tmp_path: Path, where: str, readonly: bool
+) -> None:
+    qdir = tmp_path / "q"
+    offs = _fill(qdir)
+    with k7core.Queue(qdir, segment_size=SEGMENT) as q, q.consumer_group("g") as g:
+        g.seek(offs[5])
+        end = q.end
+    bad = {"beyond": end + 4096, "negative": -8, "inside": offs[5] + 4}[where]
+    _set_cursor(qdir, "g", bad)
+    with k7core.Queue(qdir, segment_size=SEGMENT, readonly=readonly) as q:
+        g = q.consumer_group("g")
+        for _ in range(2):  # reported on every poll until a seek, and nothing delivered
+            with pytest.raises(k7core.CursorError) as info:
+                g.poll(max_batch=10, timeout=0)
+        err = info.value
+        assert err.offset == bad and err.end == end and err.path == str(qdir / "cursor-g.k7")
+        assert f"seek({end})" in str(err)
+        if where == "inside":
+            assert err.boundary == offs[6] and f"seek({offs[6]})" in str(err)
+            assert "inside a frame" in str(err)
+            g.seek(err.boundary)
+            assert _drain(g) == [_msg(i) for i in range(6, 30)]
+        else:
+            assert err.boundary is None
+            g.seek(q.earliest())
+            assert _drain(g) == [_msg(i) for i in range(30)]
+        assert g.committed == end
+        g.close()
+    with k7core.Queue(qdir, segment_size=SEGMENT) as q, q.consumer_group("g") as g:
+        assert g.poll(max_batch=10, timeout=0) == []  # the repaired cursor holds
+
+
+def test_valid_cursors_open_without_error(tmp_path: Path) -> None:
+    """Every frame boundary (segment starts, mid-segment, the end) is a valid cursor."""
+    qdir = tmp_path / "q"
+    offs = _fill(qdir)
+    with k7core.Queue(qdir, segment_size=SEGMENT) as q:
+        for i, off in enumerate([*offs, q.end]):
+            with q.consumer_group("g") as g:
+                g.seek(off)
+            with q.consumer_group("g") as g:
+                got = g.poll(max_batch=1, timeout=0)
+                assert [bytes(m.payload) for m in got] == [_msg(i)][: len(got)]
+                assert len(got) == (i < len(offs))
+
+
+def test_missing_segment_in_the_middle(tmp_path: Path) -> None:
+    qdir = tmp_path / "q"
+    offs = _fill(qdir)
+    with k7core.Queue(qdir, segment_size=SEGMENT) as q:
+        bases = [s.base for s in q.stats().segments]
+    missing, after = bases[2], bases[3]
+    os.unlink(qdir / f"seg-{missing:020d}.k7")
+    for readonly in (False, True):
+        with k7core.Queue(qdir, segment_size=SEGMENT, readonly=readonly) as q:
+            with q.consumer_group("g") as g:
+                got = [bytes(m.payload) for m in g.poll(max_batch=100, timeout=0)]
+                assert got == [_msg(i) for i, o in enumerate(offs) if o < missing]
+                with pytest.raises(k7core.CorruptFrameError) as info:
+                    g.poll(max_batch=100, timeout=0)
+                assert info.value.offset == missing
+                assert "missing" in str(info.value) and f"seek to {after}" in str(info.value)
+                g.seek(after)  # skip the gap: the rest is intact
+                rest = [bytes(m.payload) for m in g.poll(max_batch=100, timeout=0)]
+                assert rest == [_msg(i) for i, o in enumerate(offs) if o >= after]
+                g.seek(0)
+            batch = q.read_columnar(bases[1])  # the segment before the gap reads whole
+            assert batch.next == missing
+            with pytest.raises(k7core.CorruptFrameError, match="missing"):
+                q.read_columnar(batch.next)
+
+
+def test_foreign_files_are_ignored(tmp_path: Path) -> None:
+    qdir = tmp_path / "q"
+    _fill(qdir)
+    foreign = ["seg-abc.k7", "seg-0.k7", "seg-00000000000000000001.k7.bak", "cursor-.k7",
+               "cursor-x.k7.tmp", "cursor-a/b.k7", ".hidden", "README"]
+    for name in foreign:
+        if "/" in name:
+            (qdir / name.split("/")[0]).mkdir()
+        (qdir / name).write_bytes(b"junk")
+    (qdir / "cursor-dir.k7").mkdir()  # a directory named like a cursor
+    (qdir / "seg-00000000000000099999.k7").mkdir()  # and one named like a segment
+    for readonly in (False, True):
+        with pytest.raises(k7core.StorageError, match=r"seg-00000000000000099999\.k7"):
+            k7core.Queue(qdir, segment_size=SEGMENT, readonly=readonly)
+    os.rmdir(qdir / "seg-00000000000000099999.k7")
+    with k7core.Queue(qdir, segment_size=SEGMENT, retention="consumed") as q:
+        with q.consumer_group("g") as g:
+            assert _drain(g) == [_msg(i) for i in range(30)]
+        q.enqueue_many([b"x" * 200] * 2)  # rolls: retention deletes what "g" consumed
+        assert q.earliest() > 0
+        assert {s.name for s in q.stats().groups} == {"g"}
+    for name in foreign:
+        assert (qdir / name).read_bytes() == b"junk"  # left alone

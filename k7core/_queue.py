@@ -269,22 +269,24 @@ class Queue(Resource):
     # ------------------------------------------------------------------ open / recover
 
     def _open(self) -> None:
-        if self.readonly:
-            if not self.path.is_dir():
-                raise NotAQueueError(
-                    f"{self.path} is not a queue directory", path=self.path,
-                    hint="open it once without readonly=True to create it",
-                )
-        else:
-            if self.path.exists() and not self.path.is_dir():
-                raise NotAQueueError(f"{self.path} is not a directory", path=self.path)
-            try:
+        try:
+            if self.readonly:
+                if not self.path.is_dir():
+                    raise NotAQueueError(
+                        f"{self.path} is not a queue directory", path=self.path,
+                        hint="open it once without readonly=True to create it",
+                    )
+            else:
+                if self.path.exists() and not self.path.is_dir():
+                    raise NotAQueueError(f"{self.path} is not a directory", path=self.path)
                 self.path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise StorageError(
-                    f"cannot create queue directory {self.path}: {exc.strerror}",
-                    errno_=exc.errno or 0, path=self.path,
-                ) from exc
+        except OSError as exc:
+            raise StorageError(
+                f"cannot {'open' if self.readonly else 'create'} queue directory "
+                f"{self.path}: {exc.strerror}",
+                errno_=exc.errno or 0, path=self.path,
+            ) from exc
+        if not self.readonly:
             if not self.path.is_dir():
                 raise NotAQueueError(f"{self.path} is not a directory", path=self.path)
             fd = open_fd(self.path / WRITER_LOCK, os.O_RDWR | os.O_CREAT, self.file_mode)

@@ -74,8 +74,16 @@ def open_fd(path: Path, flags: int, mode: int = FILE_MODE) -> int:
                 hint="k7core does not follow links inside a queue directory; replace the "
                 "link with the file itself",
             ) from exc
+        hint = None
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            hint = (
+                "a writer needs to create and write files in the queue directory; a "
+                "readonly Queue only reads segments, but each of its consumer groups "
+                "creates and writes its cursor file (see docs/security.md)"
+            )
         raise StorageError(
-            f"cannot open {path}: {exc.strerror}", errno_=exc.errno or 0, path=path
+            f"cannot open {path}: {exc.strerror}", errno_=exc.errno or 0, path=path,
+            hint=hint,
         ) from exc
 
 
@@ -114,7 +122,16 @@ def fsync_dir(path: Path) -> None:
 def list_segments(directory: Path) -> list[int]:
     """Sorted base offsets of the segment files in ``directory``."""
     bases = []
-    for name in os.listdir(directory):
+    try:
+        names = os.listdir(directory)
+    except OSError as exc:
+        raise StorageError(
+            f"cannot list queue directory {directory}: {exc.strerror}",
+            errno_=exc.errno or 0, path=directory,
+            hint="readers and writers need to list the directory (r and x permissions)"
+            if exc.errno in (errno.EACCES, errno.EPERM) else None,
+        ) from exc
+    for name in names:
         m = SEGMENT_RE.match(name)
         if m:
             bases.append(int(m.group(1)))

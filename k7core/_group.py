@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
+import logging
 import os
 import time
 import weakref
@@ -45,6 +47,8 @@ from ._storage import (
 
 if TYPE_CHECKING:
     from ._queue import Queue, _Flusher
+
+log = logging.getLogger("k7core")
 
 
 class _GroupResources:
@@ -141,6 +145,8 @@ class ConsumerGroup(Resource):
                 if self.cursor_fsync is not Fsync.FLUSH:
                     os.fsync(res.fd)
                     fsync_dir(queue.path)
+            st = os.fstat(res.fd)
+            self._file_id = (st.st_dev, st.st_ino)
             res.map = Mapping(res.fd, CURSOR_FILE_SIZE, writable=True)
             c = self._c = res.c = ffi.new("k7_cursor *")
             self._dummy = ffi.new("uint8_t[8]")
@@ -353,6 +359,8 @@ class ConsumerGroup(Resource):
             if not isinstance(offset, int) or offset < 0:
                 raise ValueError(f"offset must be a non-negative int, not {offset!r}")
             self._redeliver.clear()
+            assert self._reader is not None
+            self._reader.close()  # the next read maps the segment that holds ``offset``
             rc = lib.k7_reset(self._f, offset)
             if rc:
                 self._raise_store(rc)
@@ -442,6 +450,7 @@ class ConsumerGroup(Resource):
             self._fetch.detach()
             self._reader = None
             err = lib.k7_msync(self._c.map, 0, 8)  # k7 flushes the cursor on close, always
+            committed = int(lib.k7_committed(self._f))
             self._finalizer()
             # The cursor file is unmapped: point the C cursor at private memory and forget what
             # was in flight, so a late ack/seek/nack touches nothing and reports ClosedError.
@@ -453,6 +462,43 @@ class ConsumerGroup(Resource):
                     f"final cursor msync of {self.path} failed: {os.strerror(err)}",
                     errno_=err, path=self.path,
                 )
+            self._check_file(committed)
+
+    def _check_file(self, committed: int) -> None:
+        """At close: if the cursor file was deleted underneath the group, write it again
+        with the committed offset (so a restart does not replay the log); if another file
+        took its place, leave that one and report that the offset was not saved."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) == self._file_id:
+            return
+        if st is None:
+            try:
+                fd = open_fd(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, self.queue.file_mode)
+            except StorageError as exc:
+                if exc.errno != errno.EEXIST:
+                    raise
+            else:
+                try:
+                    preallocate(fd, CURSOR_FILE_SIZE, self.path)
+                    os.pwrite(fd, committed.to_bytes(8, "big", signed=True), 0)
+                    if self.cursor_fsync is not Fsync.FLUSH:
+                        os.fsync(fd)
+                        fsync_dir(self.queue.path)
+                finally:
+                    os.close(fd)
+                log.warning("k7core: the cursor file %s was deleted while group %r was open; "
+                            "wrote it again at offset %d", self.path, self.name, committed)
+                return
+        raise StorageError(
+            f"the cursor file {self.path} was replaced while group {self.name!r} was open: "
+            f"its committed offset {committed} was not saved",
+            errno_=errno.ESTALE, path=self.path, offset=committed,
+            hint=f"the group restarts from the offset in the file now there; seek({committed}) "
+            "to resume where this owner stopped",
+        )
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"committed={self.committed}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -252,6 +253,8 @@ class Queue(Resource):
             )
         self.file_mode = file_mode
         self._events: list[RecoveryEvent] = []
+        self._seg_id: tuple[int, int] | None = None  # (device, inode) of the segment written
+        self._seg_lost: StorageError | None = None  # that file was deleted or replaced
         self._deleted_segments = 0
         self._deleted_bytes = 0
         self._groups: weakref.WeakSet[ConsumerGroup] = weakref.WeakSet()
@@ -362,6 +365,7 @@ class Queue(Resource):
         else:
             self._cut_tail(m, base, end)
         self._r.seg_map = m
+        self._note_segment(base)
         m.prefetch()
         w = ffi.new("k7_writer *")
         w.seg, w.cap, w.base = m.ptr, m.size, base
@@ -556,7 +560,50 @@ class Queue(Resource):
                 hint="raise segment_size or split the message",
             )
 
+    def _note_segment(self, base: int) -> None:
+        st = os.stat(self.path / segment_name(base), follow_symlinks=False)
+        self._seg_id = (st.st_dev, st.st_ino)
+
+    def _check_segment(self) -> None:
+        """Raise (and from then on refuse writes) if the file of the segment being written
+        was deleted or replaced underneath the queue: what was written into it since would
+        be gone with the mapping. Its frames are saved to a side file first. One stat: run
+        at every roll, ``sync()`` and ``close()``, not per message."""
+        if self._seg_lost is not None:
+            raise self._seg_lost
+        w, m = self._w, self._r.seg_map
+        if w is None or m is None or m.mm is None:
+            return
+        base, written = int(w.base), int(w.pos)
+        path = self.path / segment_name(base)
+        try:
+            st = os.stat(path, follow_symlinks=False)
+            if (st.st_dev, st.st_ino) == self._seg_id:
+                return
+        except FileNotFoundError:
+            pass
+        side = self.path / f"k7py-orphaned-{segment_name(base)}"
+        fd = open_fd(side, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
+        try:  # a segment image: rename it to restore the frames
+            os.write(fd, m.mm[:written])
+            os.ftruncate(fd, m.size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        w.err = errno.ESTALE  # the kernel refuses every later append
+        self._seg_lost = StorageError(
+            f"segment file {path} was deleted or replaced while this queue was writing it: "
+            f"the messages from offset {base} to {base + written} are not in the directory",
+            errno_=errno.ESTALE, path=path, offset=base,
+            hint=f"they were saved to {side.name}; close the queue, then rename that file "
+            f"to {segment_name(base)} to restore them",
+        )
+        log.error("k7core: %s", self._seg_lost)
+        raise self._seg_lost
+
     def _raise_eio(self) -> None:
+        if self._seg_lost is not None:
+            raise self._seg_lost
         w = self._w
         err = int(w.err) if w is not None else 0
         if self.fsync is Fsync.SYNC and w is not None:
@@ -572,6 +619,7 @@ class Queue(Resource):
         w = self._w
         new_base = int(w.base + w.pos)
         durable = self.fsync is not Fsync.FLUSH
+        self._check_segment()
         if durable:
             with self._flusher_lock():
                 if lib.k7_writer_sync(w):
@@ -592,6 +640,7 @@ class Queue(Resource):
         if old is not None:
             old.close()
         self._bases.append(new_base)
+        self._note_segment(new_base)
         self._apply_retention()
 
     # ------------------------------------------------------------------ retention
@@ -678,6 +727,7 @@ class Queue(Resource):
             with self._flusher_lock():
                 if lib.k7_writer_sync(self._w):
                     self._raise_eio()
+            self._check_segment()
 
     # ------------------------------------------------------------------ reading
 
@@ -859,6 +909,10 @@ class Queue(Resource):
         if self._bulk_reader is not None:
             self._bulk_reader.close()
             self._bulk_reader = None
+        try:
+            self._check_segment()
+        except StorageError as exc:
+            first_error = first_error or exc
         w, self._w = self._w, None
         err = 0
         fl = self._r.flusher

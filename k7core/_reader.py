@@ -81,11 +81,13 @@ class Reader:
             if pos >= c.end or c.status == lib.K7_SCAN_OK:
                 return 0
             if c.status == SCAN_CORRUPT:
+                later = [b for b in self._queue._segment_bases(refresh=True) if b > pos]
                 raise CorruptFrameError(
                     f"corrupt frame at offset {pos} in {segment_name(int(c.base))}",
                     path=self._queue.path / segment_name(int(c.base)),
                     offset=pos,
-                    hint="seek past it, for example to the next segment's base offset",
+                    hint=f"seek to {later[0]} (the next segment) to skip the rest of this one"
+                    if later else "seek past it",
                 )
             if c.status == SCAN_NOSEG:
                 self._map_segment_for(pos)
@@ -157,8 +159,17 @@ class Reader:
         except StorageError as exc:
             if exc.errno != errno.ENOENT:
                 raise
-            bases = self._queue._segment_bases(refresh=True)  # deleted by retention just now
-            raise self._data_loss(base, bases[0] if bases else base) from None
+            bases = self._queue._segment_bases(refresh=True)
+            if bases and base < bases[0]:  # deleted by retention just now
+                raise self._data_loss(base, bases[0]) from None
+            later = [b for b in bases if b > base]
+            raise CorruptFrameError(
+                f"segment {segment_name(base)} is missing"
+                + (f": the log has a gap from offset {base} to {later[0]}" if later else ""),
+                path=self._queue.path / segment_name(base), offset=base,
+                hint=f"restore the file, or seek to {later[0]} (the next segment)"
+                if later else "restore the file",
+            ) from None
         c = self.c
         c.base = base
         self.base10 = base - FRAME_HEADER

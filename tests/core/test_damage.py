@@ -136,3 +136,129 @@ def test_foreign_files_are_ignored(tmp_path: Path) -> None:
         assert {s.name for s in q.stats().groups} == {"g"}
     for name in foreign:
         assert (qdir / name).read_bytes() == b"junk"  # left alone
+
+
+# ---------------------------------------------------------------- under an open queue
+
+
+def _seg(qdir: Path, base: int) -> Path:
+    return qdir / f"seg-{base:020d}.k7"
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "replaced"])
+def test_sealed_segment_damaged_ahead_of_an_open_group(tmp_path: Path, damage: str) -> None:
+    """A segment the group has not mapped yet changes underneath it: what is intact is
+    delivered, the damage is reported where it starts, nothing wrong is delivered."""
+    qdir = tmp_path / "q"
+    offs = _fill(qdir)
+    with k7core.Queue(qdir, segment_size=SEGMENT) as q, q.consumer_group("g") as g:
+        bases = [s.base for s in q.stats().segments]
+        first = g.poll(max_batch=1, timeout=0)  # maps segment 0 only
+        assert [bytes(m.payload) for m in first] == [_msg(0)]
+        hit, after = bases[2], bases[3]
+        path = _seg(qdir, hit)
+        if damage == "deleted":
+            path.unlink()
+        elif damage == "truncated":
+            os.truncate(path, 64)  # the first frame of it stays whole
+        else:
+            tmp = path.with_name("new")
+            tmp.write_bytes(bytes(range(256)) * (SEGMENT // 256))
+            os.replace(tmp, path)
+        got = [bytes(m.payload) for m in first]
+        with pytest.raises(k7core.CorruptFrameError) as info:
+            while batch := g.poll(max_batch=7, timeout=0):
+                got += [bytes(m.payload) for m in batch]
+        intact = [o for o in offs if o < hit]
+        if damage == "truncated":
+            intact.append(hit)
+        assert got == [_msg(i) for i in range(len(intact))]
+        assert info.value.offset == offs[len(intact)] and f"seek to {after}" in str(info.value)
+        g.seek(after)
+        assert _drain(g) == [_msg(i) for i, o in enumerate(offs) if o >= after]
+
+
+def test_mapped_segment_deleted_keeps_reading(tmp_path: Path) -> None:
+    """Deleting the file of a segment a reader has mapped does not disturb that reader."""
+    qdir = tmp_path / "q"
+    offs = _fill(qdir)
+    with k7core.Queue(qdir, segment_size=SEGMENT) as q, q.consumer_group("g") as g:
+        assert [bytes(m.payload) for m in g.poll(max_batch=1, timeout=0)] == [_msg(0)]
+        _seg(qdir, 0).unlink()
+        got = [bytes(m.payload) for m in g.poll(max_batch=100, timeout=0)]
+        assert got[:3] == [_msg(1), _msg(2), _msg(3)]
+        assert len(got) >= sum(o < offs[4] for o in offs) - 1
+
+
+@pytest.mark.parametrize("damage", ["deleted", "replaced"])
+def test_active_segment_damaged_under_the_writer(tmp_path: Path, damage: str) -> None:
+    """The writer's segment is deleted or replaced: the next sync, roll or close says so,
+    later writes are refused, and the frames written are saved to a side file that
+    restores them."""
+    qdir = tmp_path / "q"
+    q = k7core.Queue(qdir, segment_size=4096, fsync="flush")
+    q.enqueue_many([b"one", b"two"])
+    path = _seg(qdir, 0)
+    if damage == "deleted":
+        path.unlink()
+    else:
+        path.with_name("new").write_bytes(bytes(4096))
+        os.replace(path.with_name("new"), path)
+    q.enqueue(b"three")  # not detected per message (one stat per sync, roll, close)
+    with pytest.raises(k7core.StorageError) as info:
+        q.sync()
+    assert "deleted or replaced" in str(info.value) and info.value.path == str(path)
+    assert "k7py-orphaned-seg-00000000000000000000.k7" in str(info.value)
+    with pytest.raises(k7core.StorageError, match="deleted or replaced"):
+        q.enqueue(b"four")  # refused from now on
+    with pytest.raises(k7core.StorageError, match="deleted or replaced"):
+        q.close()
+    assert q.closed
+    os.replace(qdir / "k7py-orphaned-seg-00000000000000000000.k7", path)
+    with k7core.Queue(qdir, segment_size=4096) as q:
+        batch = q.read_columnar(0)
+        assert [bytes(batch.payload(i)) for i in range(len(batch))] == [b"one", b"two", b"three"]
+
+
+def test_active_segment_deleted_detected_at_roll(tmp_path: Path) -> None:
+    qdir = tmp_path / "q"
+    with k7core.Queue(qdir, segment_size=256, fsync="flush") as q:
+        q.enqueue(b"x" * 100)
+        _seg(qdir, 0).unlink()
+        with pytest.raises(k7core.StorageError, match="deleted or replaced"):
+            for _ in range(3):
+                q.enqueue(b"y" * 100)  # the third does not fit: a roll
+        with pytest.raises(k7core.StorageError):
+            q.close()
+
+
+def test_cursor_deleted_under_an_open_group(tmp_path: Path) -> None:
+    """The group goes on; close() writes the cursor file again at the committed offset."""
+    qdir = tmp_path / "q"
+    offs = _fill(qdir)
+    with k7core.Queue(qdir, segment_size=SEGMENT) as q:
+        g = q.consumer_group("g", cursor_fsync="sync")
+        g.ack_many(g.poll(max_batch=5, timeout=0))
+        (qdir / "cursor-g.k7").unlink()
+        g.ack_many(g.poll(max_batch=5, timeout=0))
+        g.close()
+        with q.consumer_group("g") as g:
+            assert g.committed == offs[10]
+            assert [bytes(m.payload) for m in g.poll(max_batch=1, timeout=0)] == [_msg(10)]
+
+
+def test_cursor_replaced_under_an_open_group(tmp_path: Path) -> None:
+    qdir = tmp_path / "q"
+    offs = _fill(qdir)
+    with k7core.Queue(qdir, segment_size=SEGMENT) as q:
+        g = q.consumer_group("g")
+        g.ack_many(g.poll(max_batch=5, timeout=0))
+        other = qdir / "other"
+        other.write_bytes(struct.pack(">q", offs[2]))
+        os.replace(other, qdir / "cursor-g.k7")
+        with pytest.raises(k7core.StorageError, match="replaced") as info:
+            g.close()
+        assert info.value.offset == offs[5] and f"seek({offs[5]})" in str(info.value)
+        assert g.closed
+        with q.consumer_group("g") as g:  # the file now there decides
+            assert g.committed == offs[2]

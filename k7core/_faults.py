@@ -2,8 +2,9 @@
 
 ``with inject("msync", errno.EIO): ...`` makes every msync of the log and of the cursors
 fail with that errno (in the C kernel, ``k7_fault_msync``); ``inject("preallocate",
-errno.ENOSPC)`` makes segment preallocation fail as on a full disk. Process-wide; not for
-production use.
+errno.ENOSPC)`` makes the preallocation of every file the queue creates (segments,
+cursors, the position file) fail as on a full disk; ``inject("fsync", errno.EIO)`` makes
+every fsync of a file or of the directory fail. Process-wide; not for production use.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ._kernel import lib
 from ._native._fast import set_fault_msync
 from ._storage import FAULTS
 
-Fault = Literal["msync", "preallocate"]
+Fault = Literal["msync", "preallocate", "fsync"]
 
 
 @contextmanager
@@ -25,8 +26,8 @@ def inject(fault: Fault, err: int) -> Iterator[None]:
     if fault == "msync":
         lib.k7_fault_msync = err  # the cffi module's copy of the kernel
         set_fault_msync(err)  # and the fast paths' copy
-    elif fault == "preallocate":
-        FAULTS["preallocate"] = err
+    elif fault in ("preallocate", "fsync"):
+        FAULTS[fault] = err
     else:
         raise ValueError(f"unknown fault {fault!r}")
     try:
@@ -36,4 +37,4 @@ def inject(fault: Fault, err: int) -> Iterator[None]:
             lib.k7_fault_msync = 0
             set_fault_msync(0)
         else:
-            FAULTS.pop("preallocate", None)
+            FAULTS.pop(fault, None)

@@ -38,6 +38,7 @@ from ._stats import GroupStats
 from ._storage import (
     Mapping,
     fsync_dir,
+    fsync_file,
     list_segments,
     map_file,
     open_fd,
@@ -138,13 +139,13 @@ class ConsumerGroup(Resource):
             if created:
                 try:  # real blocks: a full disk fails here, not with SIGBUS at the first ack
                     preallocate(res.fd, CURSOR_FILE_SIZE, self.path)
+                    if self.cursor_fsync is not Fsync.FLUSH:
+                        fsync_file(res.fd, self.path)
+                        fsync_dir(queue.path)
                 except StorageError:
                     with contextlib.suppress(OSError):
                         os.unlink(self.path)  # no empty cursor left to hold up retention
                     raise
-                if self.cursor_fsync is not Fsync.FLUSH:
-                    os.fsync(res.fd)
-                    fsync_dir(queue.path)
             st = os.fstat(res.fd)
             self._file_id = (st.st_dev, st.st_ino)
             res.map = Mapping(res.fd, CURSOR_FILE_SIZE, writable=True)
@@ -485,7 +486,7 @@ class ConsumerGroup(Resource):
                     preallocate(fd, CURSOR_FILE_SIZE, self.path)
                     os.pwrite(fd, committed.to_bytes(8, "big", signed=True), 0)
                     if self.cursor_fsync is not Fsync.FLUSH:
-                        os.fsync(fd)
+                        fsync_file(fd, self.path)
                         fsync_dir(self.queue.path)
                 finally:
                     os.close(fd)

@@ -62,6 +62,7 @@ from ._storage import (
     create_segment,
     data_regions,
     fsync_dir,
+    fsync_file,
     list_segments,
     lock_is_free,
     map_file,
@@ -410,7 +411,7 @@ class Queue(Resource):
         with os.fdopen(side_fd, "wb") as f:
             f.write(m.mm[end:last])
             f.flush()
-            os.fsync(f.fileno())
+            fsync_file(f.fileno(), side)
         m.mm[end:last] = bytes(last - end)
         m.mm.flush()
         self._events.append(RecoveryEvent(
@@ -582,21 +583,24 @@ class Queue(Resource):
                 return
         except FileNotFoundError:
             pass
-        side = self.path / f"k7py-orphaned-{segment_name(base)}"
-        fd = open_fd(side, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
-        try:  # a segment image: rename it to restore the frames
-            os.write(fd, m.mm[:written])
-            os.ftruncate(fd, m.size)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
         w.err = errno.ESTALE  # the kernel refuses every later append
+        side = self.path / f"k7py-orphaned-{segment_name(base)}"
+        try:  # a segment image: renamed back, it restores the frames
+            fd = open_fd(side, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
+            try:
+                os.write(fd, m.mm[:written])
+                os.ftruncate(fd, m.size)
+                fsync_file(fd, side)
+            finally:
+                os.close(fd)
+            hint = (f"they were saved to {side.name}; close the queue, then rename that file "
+                    f"to {segment_name(base)} to restore them")
+        except OSError as exc:
+            hint = f"saving them to {side.name} failed too: {exc}"
         self._seg_lost = StorageError(
             f"segment file {path} was deleted or replaced while this queue was writing it: "
             f"the messages from offset {base} to {base + written} are not in the directory",
-            errno_=errno.ESTALE, path=path, offset=base,
-            hint=f"they were saved to {side.name}; close the queue, then rename that file "
-            f"to {segment_name(base)} to restore them",
+            errno_=errno.ESTALE, path=path, offset=base, hint=hint,
         )
         log.error("k7core: %s", self._seg_lost)
         raise self._seg_lost

@@ -111,10 +111,33 @@ def lock_is_free(path: Path) -> bool:
         os.close(fd)
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+FAULTS: dict[str, int] = {}
+"""Fault injection seam (tests, through :mod:`k7core._faults`): operation -> errno."""
+
+
+def fsync_file(fd: int, path: Path) -> None:
+    """fsync a file of the queue; a failure is a StorageError naming it, never swallowed."""
     try:
+        if FAULTS.get("fsync"):
+            raise OSError(FAULTS["fsync"], os.strerror(FAULTS["fsync"]))
         os.fsync(fd)
+    except OSError as exc:
+        raise StorageError(
+            f"fsync of {path} failed: {exc.strerror}", errno_=exc.errno or 0, path=path,
+            hint="the file's creation or contents may not be durable; check the disk",
+        ) from exc
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so that the files created or deleted in it are durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StorageError(
+            f"cannot open directory {path}: {exc.strerror}", errno_=exc.errno or 0, path=path
+        ) from exc
+    try:
+        fsync_file(fd, path)
     finally:
         os.close(fd)
 
@@ -137,10 +160,6 @@ def list_segments(directory: Path) -> list[int]:
             bases.append(int(m.group(1)))
     bases.sort()
     return bases
-
-
-FAULTS: dict[str, int] = {}
-"""Fault injection seam (tests, through :mod:`k7core._faults`): operation -> errno."""
 
 
 def preallocate(fd: int, size: int, path: Path) -> None:
@@ -174,7 +193,7 @@ def create_segment(
     try:
         preallocate(fd, size, path)
         if durable:
-            os.fsync(fd)
+            fsync_file(fd, path)
     except BaseException:
         os.close(fd)
         raise
@@ -217,7 +236,7 @@ class SpareSegment:
             try:
                 preallocate(fd, self._size, self.path)
                 if self._durable:
-                    os.fsync(fd)
+                    fsync_file(fd, self.path)
                 m = Mapping(fd, self._size, writable=True)
             finally:
                 os.close(fd)

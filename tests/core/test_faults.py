@@ -116,3 +116,26 @@ def test_full_disk_at_cursor_creation(tmp_path: Path) -> None:
         with q.consumer_group("new") as new:  # space is back
             got = [bytes(m.payload) for m in new.poll(max_batch=10, timeout=0)]
             assert got == [b"a", b"b", b"c"]
+
+
+def test_eio_from_fsync_when_a_durable_queue_creates_files(tmp_path: Path) -> None:
+    """fsync failing on a new segment (at open, at a roll) or a new cursor file: a
+    StorageError naming the file, nothing reported durable lost, and the queue goes on once
+    the disk works."""
+    qdir = tmp_path / "q"
+    with inject("fsync", errno.EIO), pytest.raises(k7core.StorageError) as info:
+        k7core.Queue(qdir, fsync="sync", segment_size=4096)
+    assert info.value.errno == errno.EIO and "seg-00000000000000000000.k7" in str(info.value)
+    with k7core.Queue(qdir, fsync="sync", segment_size=4096) as q:
+        done = q.enqueue_many([b"x" * 1000] * 4)  # the segment is full
+        with inject("fsync", errno.EIO):
+            with pytest.raises(k7core.StorageError, match="fsync of .*seg-") as info:
+                q.enqueue(b"y" * 1000)  # needs a new segment
+            assert info.value.errno == errno.EIO
+            with pytest.raises(k7core.StorageError, match="cursor-g.k7"):
+                q.consumer_group("g", cursor_fsync="sync")
+            assert not (qdir / "cursor-g.k7").exists()
+        assert q.enqueue(b"y" * 1000) > done[-1]  # the roll works again
+        with q.consumer_group("g", cursor_fsync="sync") as g:
+            got = [bytes(m.payload) for m in g.poll(max_batch=10, timeout=0)]
+    assert got == _payloads(qdir) == [b"x" * 1000] * 4 + [b"y" * 1000]

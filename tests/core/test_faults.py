@@ -129,10 +129,10 @@ def test_eio_from_fsync_when_a_durable_queue_creates_files(tmp_path: Path) -> No
     with k7core.Queue(qdir, fsync="sync", segment_size=4096) as q:
         done = q.enqueue_many([b"x" * 1000] * 4)  # the segment is full
         with inject("fsync", errno.EIO):
-            with pytest.raises(k7core.StorageError, match="fsync of .*seg-") as info:
+            with pytest.raises(k7core.StorageError, match=r"fsync of .*seg-") as info:
                 q.enqueue(b"y" * 1000)  # needs a new segment
             assert info.value.errno == errno.EIO
-            with pytest.raises(k7core.StorageError, match="cursor-g.k7"):
+            with pytest.raises(k7core.StorageError, match=r"cursor-g\.k7"):
                 q.consumer_group("g", cursor_fsync="sync")
             assert not (qdir / "cursor-g.k7").exists()
         assert q.enqueue(b"y" * 1000) > done[-1]  # the roll works again

@@ -175,7 +175,9 @@ class ConsumerGroup(Resource):
             self._fetch = Fetcher(address(self._rc), address(self._f), Message)
             self._reader.fetcher = self._fetch
             self._cap = int(self._rc.capacity)  # poll's fast path takes up to this; 0 when closed
-            self._bad_cursor = self._check_cursor(committed)
+            self._bad_cursor = check_cursor(
+                queue.path, name, committed, queue._visible_end()
+            )
             if self._bad_cursor is not None:
                 self._cap = 0  # poll takes the slow path, which raises it until a seek
         except BaseException:
@@ -184,36 +186,6 @@ class ConsumerGroup(Resource):
         self._redeliver: list[int] = []  # nacked offsets, ascending; still in flight
         self._closed = False
         queue._groups.add(self)
-
-    def _check_cursor(self, committed: int) -> CursorError | None:
-        """The error to report if the stored cursor is not a frame boundary of the log:
-        negative, past the visible end, or inside a frame (found by walking the frames of
-        its segment from the segment's start: one scan at open, none on the hot path)."""
-        end = self.queue._visible_end()
-        hint = (
-            f"seek({end}) to continue with new messages, or seek(queue.earliest()) to replay "
-            "the log"
-        )
-        if committed < 0 or committed > end:
-            where = "negative" if committed < 0 else f"beyond the end of the log ({end})"
-            return CursorError(
-                f"the cursor of group {self.name!r} is {committed}: {where}",
-                path=self.path, offset=committed, end=end, hint=hint,
-            )
-        bases = list_segments(self.queue.path)
-        i = bisect.bisect_right(bases, committed) - 1
-        if committed == end or i < 0 or bases[i] == committed:
-            return None  # at the end, at a segment start, or before the log (DataLossError)
-        base = bases[i]
-        boundary = _next_boundary(self.queue.path / segment_name(base), committed - base)
-        if boundary is None:
-            return None
-        return CursorError(
-            f"the cursor of group {self.name!r} is {committed}: inside a frame of "
-            f"{segment_name(base)} (the next frame starts at {base + boundary})",
-            path=self.path, offset=committed, end=end, boundary=base + boundary,
-            hint=f"seek({base + boundary}) to continue from the next frame; " + hint,
-        )
 
     # ------------------------------------------------------------------ reading
 
@@ -466,18 +438,20 @@ class ConsumerGroup(Resource):
             self._check_file(committed)
 
     def _check_file(self, committed: int) -> None:
-        """At close: if the cursor file was deleted underneath the group, write it again
-        with the committed offset (so a restart does not replay the log); if another file
+        """At close: if the cursor file was deleted or truncated underneath the group, write
+        it again with the committed offset (so a restart does not replay the log); if another file
         took its place, leave that one and report that the offset was not saved."""
         try:
             st = os.stat(self.path, follow_symlinks=False)
         except FileNotFoundError:
             st = None
-        if st is not None and (st.st_dev, st.st_ino) == self._file_id:
+        ours = st is not None and (st.st_dev, st.st_ino) == self._file_id
+        if ours and st is not None and st.st_size >= CURSOR_FILE_SIZE:
             return
-        if st is None:
+        if st is None or ours:  # deleted, or ours but shrunk: write it again
             try:
-                fd = open_fd(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, self.queue.file_mode)
+                flags = os.O_RDWR | os.O_CREAT | (0 if ours else os.O_EXCL)
+                fd = open_fd(self.path, flags, self.queue.file_mode)
             except StorageError as exc:
                 if exc.errno != errno.EEXIST:
                     raise
@@ -490,8 +464,9 @@ class ConsumerGroup(Resource):
                         fsync_dir(self.queue.path)
                 finally:
                     os.close(fd)
-                log.warning("k7core: the cursor file %s was deleted while group %r was open; "
-                            "wrote it again at offset %d", self.path, self.name, committed)
+                log.warning("k7core: the cursor file %s was deleted or truncated while group "
+                            "%r was open; wrote it again at offset %d",
+                            self.path, self.name, committed)
                 return
         raise StorageError(
             f"the cursor file {self.path} was replaced while group {self.name!r} was open: "
@@ -504,6 +479,39 @@ class ConsumerGroup(Resource):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"committed={self.committed}"
         return f"<k7core.ConsumerGroup {self.name!r} {state}>"
+
+
+def check_cursor(directory: Path, group: str, committed: int, end: int) -> CursorError | None:
+    """The error to report if ``committed``, group ``group``'s stored cursor, is not a frame
+    boundary of the log that ends at ``end``: negative, past the end, or inside a frame
+    (found by walking the frame headers of its segment from the segment's start: one walk
+    when a group opens, none on the hot path). None when it is fine, or lies before the
+    first segment (retention deleted that part: DataLossError when read)."""
+    path = directory / cursor_name(group)
+    hint = (
+        f"seek({end}) to continue with new messages, or seek(queue.earliest()) to replay "
+        "the log"
+    )
+    if committed < 0 or committed > end:
+        where = "negative" if committed < 0 else f"beyond the end of the log ({end})"
+        return CursorError(
+            f"the cursor of group {group!r} is {committed}: {where}",
+            path=path, offset=committed, end=end, hint=hint,
+        )
+    bases = list_segments(directory)
+    i = bisect.bisect_right(bases, committed) - 1
+    if committed == end or i < 0 or bases[i] == committed:
+        return None
+    base = bases[i]
+    boundary = _next_boundary(directory / segment_name(base), committed - base)
+    if boundary is None:
+        return None
+    return CursorError(
+        f"the cursor of group {group!r} is {committed}: inside a frame of "
+        f"{segment_name(base)} (the next frame starts at {base + boundary})",
+        path=path, offset=committed, end=end, boundary=base + boundary,
+        hint=f"seek({base + boundary}) to continue from the next frame; " + hint,
+    )
 
 
 def _next_boundary(path: Path, local: int) -> int | None:

@@ -567,7 +567,7 @@ class Queue(Resource):
 
     def _check_segment(self) -> None:
         """Raise (and from then on refuse writes) if the file of the segment being written
-        was deleted or replaced underneath the queue: what was written into it since would
+        was deleted, replaced or shrunk underneath the queue: what was written into it since would
         be gone with the mapping. Its frames are saved to a side file first. One stat: run
         at every roll, ``sync()`` and ``close()``, not per message."""
         if self._seg_lost is not None:
@@ -579,7 +579,7 @@ class Queue(Resource):
         path = self.path / segment_name(base)
         try:
             st = os.stat(path, follow_symlinks=False)
-            if (st.st_dev, st.st_ino) == self._seg_id:
+            if (st.st_dev, st.st_ino) == self._seg_id and st.st_size >= m.size:
                 return
         except FileNotFoundError:
             pass
@@ -598,7 +598,8 @@ class Queue(Resource):
         except OSError as exc:
             hint = f"saving them to {side.name} failed too: {exc}"
         self._seg_lost = StorageError(
-            f"segment file {path} was deleted or replaced while this queue was writing it: "
+            f"segment file {path} was deleted, replaced or truncated while this queue was "
+            "writing it: "
             f"the messages from offset {base} to {base + written} are not in the directory",
             errno_=errno.ESTALE, path=path, offset=base, hint=hint,
         )

@@ -25,7 +25,7 @@ class Mapping:
     unmaps it when the last view is released. A view therefore never dangles.
     """
 
-    __slots__ = ("_cbuf", "mm", "ptr", "size", "view")
+    __slots__ = ("_bus", "_cbuf", "mm", "ptr", "size", "view")
 
     def __init__(self, fd: int, size: int, *, writable: bool) -> None:
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
@@ -34,6 +34,8 @@ class Mapping:
         self._cbuf: Any = ffi.from_buffer(self.mm, require_writable=writable)
         self.ptr: Any = ffi.cast("uint8_t *", self._cbuf)
         self.view: memoryview | None = memoryview(self.mm) if not writable else None
+        # guarded against SIGBUS while open (see k7_bus.c); views kept after close are not
+        self._bus = int(lib.k7_bus_register(self.ptr, size))
 
     def prefetch(self) -> None:
         """Ask the kernel to bring the file's pages into the page cache now (asynchronous
@@ -43,9 +45,15 @@ class Mapping:
             with contextlib.suppress(OSError):
                 self.mm.madvise(mmap.MADV_WILLNEED)
 
+    def __del__(self) -> None:
+        if self._bus >= 0:  # dropped without close(): the map goes with it
+            lib.k7_bus_unregister(self._bus)
+
     def close(self) -> None:
         if self.mm is None:
             return
+        lib.k7_bus_unregister(self._bus)
+        self._bus = -1
         ffi.release(self._cbuf)
         self.ptr = ffi.NULL
         view, self.view = self.view, None

@@ -39,7 +39,7 @@ except ImportError as exc:  # pragma: no cover - only without the extra
         f"k7: the command line needs click and rich ({exc}): pip install 'k7py[cli]'"
     ) from exc
 
-from ._errors import DataLossError, K7Error
+from ._errors import CursorError, DataLossError, K7Error
 from ._format import (
     DEFAULT_SEGMENT_SIZE,
     FRAME_HEADER,
@@ -47,9 +47,10 @@ from ._format import (
     cursor_name,
     segment_name,
 )
+from ._group import check_cursor
 from ._kernel import SCAN_CORRUPT, SCAN_OK, ffi, lib
 from ._queue import Queue
-from ._stats import SegmentInfo, list_segment_infos
+from ._stats import SegmentInfo, list_segment_infos, read_cursors
 from ._storage import data_regions, lock_is_free, try_lock
 
 EXIT_CORRUPT = 1
@@ -280,13 +281,39 @@ def verify(directory: str) -> None:
                                           problems)
             except FileNotFoundError:
                 continue  # deleted by retention while we were verifying
+    cursor_errors = _verify_cursors(d, segs)
     for p in problems:
         click.echo(p.describe())
-    if problems:
+    for err in cursor_errors:
+        click.echo(f"bad cursor: {err}")
+    if problems or cursor_errors:
         click.echo(f"{len(problems)} problem(s) in {len(segs)} segment(s); "
-                   f"{frames} valid frames")
+                   f"{frames} valid frames; {len(cursor_errors)} bad cursor(s)")
         sys.exit(EXIT_CORRUPT)
-    click.echo(f"ok: {frames} frames in {len(segs)} segment(s), every CRC32C matches")
+    click.echo(f"ok: {frames} frames in {len(segs)} segment(s), every CRC32C matches; "
+               "every cursor is a frame boundary")
+
+
+def _verify_cursors(d: Path, segs: list[SegmentInfo]) -> list[CursorError]:
+    """Each group's stored cursor must be a frame boundary of the log (or lie before it)."""
+    end = 0
+    if segs:
+        mm = _map_readonly(d / segment_name(segs[-1].base))
+        end = segs[-1].base
+        if mm is not None:
+            buf = ffi.from_buffer(mm)
+            try:
+                count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
+                end += int(lib.k7_scan_end(buf, len(mm), count, status))
+            finally:
+                ffi.release(buf)
+                mm.close()
+    out = []
+    for name, committed in read_cursors(d):
+        err = check_cursor(d, name, committed, end)
+        if err is not None:
+            out.append(err)
+    return out
 
 
 # ---------------------------------------------------------------------------------- tail

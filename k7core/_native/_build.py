@@ -28,7 +28,7 @@ ffibuilder.cdef(_cdef())
 ffibuilder.set_source(
     "k7core._native._k7",
     '#include "k7.h"',
-    sources=[str(Path("k7core/_native/k7.c"))],
+    sources=[str(Path("k7core/_native/k7.c")), str(Path("k7core/_native/k7_bus.c"))],
     include_dirs=[str(Path("k7core/_native"))],
     libraries=["pthread"],
     extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-fno-strict-aliasing"],

@@ -163,6 +163,15 @@ void k7_flusher_remove_cursor(k7_flusher *f, k7_cursor *c);   /* under the lock 
 int k7_flusher_sync(k7_flusher *f);         /* one pass, under the lock; 0 or errno */
 int k7_flusher_error(k7_flusher *f);
 
+/* SIGBUS guard (k7_bus.c, in the cffi module only): a page of a registered map lost to a
+ * truncated file (or unreadable) is replaced by a private zero page instead of ending the
+ * process. install: once per process, chaining to the previous handler (0 or -1);
+ * register: returns a slot for unregister, or -1 when the table is full. */
+int k7_bus_install(void);
+int k7_bus_register(const uint8_t *addr, int64_t len);
+void k7_bus_unregister(int slot);
+int64_t k7_bus_faults(void);          /* pages replaced so far */
+
 int k7_msync(uint8_t *addr, int64_t start, int64_t end);
 /* Fault injection (tests, through k7core._faults): when nonzero, every k7_msync fails with
  * this errno instead of syncing. */

@@ -207,11 +207,11 @@ def test_active_segment_damaged_under_the_writer(tmp_path: Path, damage: str) ->
     q.enqueue(b"three")  # not detected per message (one stat per sync, roll, close)
     with pytest.raises(k7core.StorageError) as info:
         q.sync()
-    assert "deleted or replaced" in str(info.value) and info.value.path == str(path)
+    assert "deleted, replaced or truncated" in str(info.value) and info.value.path == str(path)
     assert "k7py-orphaned-seg-00000000000000000000.k7" in str(info.value)
-    with pytest.raises(k7core.StorageError, match="deleted or replaced"):
+    with pytest.raises(k7core.StorageError, match="deleted, replaced or truncated"):
         q.enqueue(b"four")  # refused from now on
-    with pytest.raises(k7core.StorageError, match="deleted or replaced"):
+    with pytest.raises(k7core.StorageError, match="deleted, replaced or truncated"):
         q.close()
     assert q.closed
     os.replace(qdir / "k7py-orphaned-seg-00000000000000000000.k7", path)
@@ -225,7 +225,7 @@ def test_active_segment_deleted_detected_at_roll(tmp_path: Path) -> None:
     with k7core.Queue(qdir, segment_size=256, fsync="flush") as q:
         q.enqueue(b"x" * 100)
         _seg(qdir, 0).unlink()
-        with pytest.raises(k7core.StorageError, match="deleted or replaced"):
+        with pytest.raises(k7core.StorageError, match="deleted, replaced or truncated"):
             for _ in range(3):
                 q.enqueue(b"y" * 100)  # the third does not fit: a roll
         with pytest.raises(k7core.StorageError):

@@ -128,6 +128,21 @@ def test_verify_clean_and_never_writes(qdir: Path) -> None:
         assert snapshot(qdir) == before
 
 
+def test_verify_reports_a_cursor_inside_a_frame_or_past_the_end(qdir: Path) -> None:
+    offs = offsets_of(qdir)
+    with open(qdir / "cursor-a.k7", "r+b") as f:
+        f.write((offs[60] + 4).to_bytes(8, "big"))
+    with open(qdir / "cursor-b.k7", "r+b") as f:
+        f.write((10**9).to_bytes(8, "big"))
+    r = k7("verify", qdir)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    out = r.stdout.decode()
+    assert f"group 'a' is {offs[60] + 4}: inside a frame" in out
+    assert f"seek({offs[61]})" in out
+    assert "group 'b' is 1000000000: beyond the end of the log" in out
+    assert "0 problem(s) in" in out and "2 bad cursor(s)" in out
+
+
 def test_verify_reports_corrupt_frames_and_the_torn_tail(qdir: Path) -> None:
     offs = offsets_of(qdir)
     segs = sorted(p for p in qdir.iterdir() if p.name.startswith("seg-"))

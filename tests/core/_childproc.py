@@ -38,12 +38,12 @@ DEADLINE = 120.0
 
 class Child:
     """A child process speaking lines on stdin/stdout; SIGKILLed and reaped on exit. Every
-    wait on it is bounded by ``DEADLINE``."""
+    wait on it is bounded by ``DEADLINE``. ``script``: the program (default ``_children.py``)."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, script: str = CHILD) -> None:
         self.err = tempfile.TemporaryFile()  # noqa: SIM115 (closed in __exit__)
         self.proc = subprocess.Popen(
-            [sys.executable, CHILD, *args],
+            [sys.executable, script, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.err,

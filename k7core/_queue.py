@@ -745,6 +745,21 @@ class Queue(Resource):
             self._bases = list_segments(self.path)
         return self._bases
 
+    def wait(self, after: int, timeout: float) -> int:
+        """Wait, asleep until the writer publishes (futex), up to ``timeout`` seconds for the
+        visible end to pass ``after``; return the visible end. For readers without a group,
+        such as a tail that calls ``read_columnar(after)`` again when this is larger."""
+        self._check_open()
+        if not isinstance(timeout, (int, float)) or timeout < 0:
+            raise ValueError(f"timeout must be seconds >= 0, not {timeout!r}")
+        deadline = time.monotonic() + timeout
+        while True:
+            end = self._visible_end()
+            left = deadline - time.monotonic()
+            if end > after or left <= 0:
+                return end
+            self._wait(end, left)
+
     def _wait(self, known_end: int, timeout: float) -> None:
         if self._r.pos_map is None:
             time.sleep(min(timeout, 0.001))

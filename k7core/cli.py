@@ -404,7 +404,7 @@ def tail(directory: str, group: str | None, start: str | None, follow: bool, fmt
                 if not len(batch):
                     if not follow:
                         break
-                    q._wait(q.end, 0.2)
+                    q.wait(pos, 0.2)
                     continue
                 for i in range(len(batch)):
                     _emit(out, fmt, offsets, batch.offsets[i], batch.payload(i))

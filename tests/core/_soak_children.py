@@ -235,7 +235,7 @@ def _tail(argv: list[str]) -> None:
             if target is None and (cmd := _asked()) is not None:
                 target = int(cmd[1])
             else:
-                q._wait(q.end, 0.05)  # as `k7 tail --follow`: asleep until the writer publishes
+                q.wait(offset_of(i), 0.05)  # asleep until the writer publishes
             continue
         for k in range(len(batch)):
             _check(batch.offsets[k], batch.payload(k), i)

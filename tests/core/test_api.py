@@ -224,3 +224,26 @@ def test_ack_many_commits_the_frontier_once(tmp_path: Path) -> None:
         assert cg.committed == q.end and cg.in_flight == 0
         assert cg.poll(max_batch=4, timeout=0) == []
         assert cg.ack_many([]) == 0
+
+
+def test_queue_wait_for_readers_without_a_group(tmp_path: Path) -> None:
+    """``Queue.wait`` returns at once when data is past ``after`` (or the timeout is 0),
+    and otherwise sleeps until the writer publishes more."""
+    with k7core.Queue(tmp_path / "q", fsync="flush") as q:
+        first = q.enqueue(b"one")
+        with k7core.Queue(tmp_path / "q", readonly=True) as ro:
+            end = ro.end
+            assert ro.wait(first, 10) == end > first  # data is there already
+            assert ro.wait(end, 0) == end  # nothing new, no wait
+            got: list[int] = []
+            waiter = threading.Thread(target=lambda: got.append(ro.wait(end, 60)))
+            waiter.start()
+            q.enqueue(b"two")
+            waiter.join(60)
+            assert not waiter.is_alive() and got == [q.end] and q.end > end
+            batch = ro.read_columnar(end)
+            assert [bytes(batch.payload(i)) for i in range(len(batch))] == [b"two"]
+            with pytest.raises(ValueError):
+                ro.wait(end, -1)
+        with pytest.raises(k7core.ClosedError):
+            ro.wait(0, 0)

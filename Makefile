@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv example test lint bench bench-quick kernel sanitize clean
+.PHONY: venv example test lint bench bench-quick kernel sanitize sanitize-python clean
 
 venv:
 	python3 -m venv $(VENV) && $(VENV)/bin/pip install -q -e '.[test]'
@@ -23,8 +23,12 @@ bench: venv
 bench-quick: venv
 	$(PY) -m benchmarks --quick --no-peers
 
-sanitize:
+# The fuzz driver (1,000,000 inputs), then the Python kernel tests, both under ASan + UBSan.
+sanitize: sanitize-python
 	bash tests/native/sanitize.sh 1 1000000
+
+sanitize-python: venv
+	PYTHON=$(PY) bash tests/native/sanitize_python.sh
 
 kernel:
 	$(PY) setup.py -q build_ext --inplace

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Build both compiled kernel modules (k7core._native._k7 through cffi, k7core._native._fast)
+# with AddressSanitizer + UndefinedBehaviorSanitizer in a copy of the package and run the
+# Python kernel tests against them: sanitize_python.sh [OUTDIR [PYTEST ARGS...]].
+# Default tests: the kernel's (tests/native/test_kernel.py), recovery and format (which
+# drive the scanners through the library), and the API, fault, spare and thread tests
+# (the fast paths of _fast, the fault-injection globals of both copies, the flusher thread).
+# Any sanitizer report aborts the run (nonzero exit, report on stderr). PYTHON picks the
+# interpreter (it needs pytest, hypothesis, crc32c, cffi, setuptools); CC the compiler.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+if [ -n "${1:-}" ]; then
+    out="$1"
+else
+    out="$(mktemp -d)" && trap 'rm -rf "$out"' EXIT
+fi
+mkdir -p "$out" && out="$(cd "$out" && pwd)"
+shift || true
+if [ "$#" -eq 0 ]; then
+    set -- tests/native/test_kernel.py tests/core/test_recovery.py tests/core/test_format.py \
+        tests/core/test_api.py tests/core/test_faults.py tests/core/test_spare.py \
+        tests/core/test_threads.py
+fi
+python="$(command -v "${PYTHON:-python3}")"
+case "$python" in /*) ;; *) python="$PWD/$python" ;; esac  # not resolved: keep the venv
+cc="${CC:-gcc}"
+# -fno-wrapv undoes the -fwrapv of CPython's own CFLAGS (which extensions inherit), under
+# which signed overflow is defined and UBSan would not report it.
+flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -O1 -g -fno-wrapv"
+asan="$("$cc" -print-file-name=libasan.so)"
+case "$asan" in /*) ;; *) echo "no libasan for $cc" >&2; exit 2 ;; esac
+
+# A copy of the sources only: no compiled modules, so nothing uninstrumented can be imported.
+src="$out/src"
+rm -rf "$src" && mkdir -p "$src"
+cp "$repo/setup.py" "$src/"
+cp -r "$repo/k7core" "$repo/tests" "$src/"
+find "$src" \( -name '*.so' -o -name '__pycache__' -o -name '_k7.c' \) -prune -exec rm -rf {} +
+
+start=$(date +%s)
+if ! (cd "$src" && CC="$cc" K7_SANITIZE_FLAGS="$flags" "$python" tests/native/sanitized_build.py) \
+    >"$out/build.log" 2>&1; then
+    cat "$out/build.log" >&2
+    exit 2
+fi
+# pyproject.toml only now, for pytest's settings: its metadata needs a newer setuptools
+# than a venv may have (pip builds in an isolated environment), and build_ext needs none.
+cp "$repo/pyproject.toml" "$src/"
+echo "k7-sanitized build $(( $(date +%s) - start ))s"
+
+# ASan must be the first library loaded, so it is preloaded into the (uninstrumented)
+# interpreter; CPython leaks by design, so no leak check. PYTHONMALLOC=malloc puts Python's
+# own buffers (bytearrays handed to the kernel) in ASan's redzoned heap. CFLAGS/LDFLAGS
+# instrument what the tests compile themselves (test_kernel.py's software-CRC wrapper).
+start=$(date +%s)
+cd "$src"
+env LD_PRELOAD="$asan" \
+    ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:print_summary=1" \
+    UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+    PYTHONMALLOC=malloc PYTHONPATH="$src:$src/tests/native" K7_SANITIZED_ROOT="$src" \
+    CC="$cc" CFLAGS="$flags" LDFLAGS="$flags" \
+    "$python" -m pytest -q --capture=sys -p no:cacheprovider -p sanitized_plugin "$@"
+echo "k7-sanitized tests $(( $(date +%s) - start ))s"

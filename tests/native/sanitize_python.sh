@@ -4,7 +4,8 @@
 # Python kernel tests against them: sanitize_python.sh [OUTDIR [PYTEST ARGS...]].
 # Default tests: the kernel's (tests/native/test_kernel.py), recovery and format (which
 # drive the scanners through the library), and the API, fault, spare and thread tests
-# (the fast paths of _fast, the fault-injection globals of both copies, the flusher thread).
+# (the fast paths of _fast, the fault-injection globals of both copies, the flusher thread),
+# and a damaged directory (the cursor walk, the SIGBUS guard's zero pages) and permissions.
 # Any sanitizer report aborts the run (nonzero exit, report on stderr). PYTHON picks the
 # interpreter (it needs pytest, hypothesis, crc32c, cffi, setuptools); CC the compiler.
 set -euo pipefail
@@ -19,7 +20,7 @@ shift || true
 if [ "$#" -eq 0 ]; then
     set -- tests/native/test_kernel.py tests/core/test_recovery.py tests/core/test_format.py \
         tests/core/test_api.py tests/core/test_faults.py tests/core/test_spare.py \
-        tests/core/test_threads.py
+        tests/core/test_threads.py tests/core/test_damage.py tests/core/test_permissions.py
 fi
 python="$(command -v "${PYTHON:-python3}")"
 case "$python" in /*) ;; *) python="$PWD/$python" ;; esac  # not resolved: keep the venv

@@ -61,6 +61,7 @@ from ._storage import (
     SpareSegment,
     create_segment,
     data_regions,
+    frames_end,
     fsync_dir,
     fsync_file,
     list_segments,
@@ -304,7 +305,8 @@ class Queue(Resource):
         self._bases = list_segments(self.path)
         if self.readonly:
             if self._bases and lock_is_free(self.path / WRITER_LOCK):
-                self._floor_end = self._scan_end_readonly()
+                base = self._bases[-1]
+                self._floor_end = base + frames_end(self.path / segment_name(base))
         else:
             self._recover()
             self._apply_retention()
@@ -325,17 +327,6 @@ class Queue(Resource):
         finally:
             os.close(fd)
         self._pub = ffi.cast("k7_pos *", self._r.pos_map.ptr)
-
-    def _scan_end_readonly(self) -> int:
-        base = self._bases[-1]
-        m = map_file(self.path / segment_name(base), writable=False)
-        if m is None:
-            return base
-        try:
-            count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
-            return base + int(lib.k7_scan_end(m.ptr, m.size, count, status))
-        finally:
-            m.close()
 
     def _recover(self) -> None:
         durable = self.fsync is not Fsync.FLUSH

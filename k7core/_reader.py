@@ -121,6 +121,16 @@ class Reader:
             "with on_data_loss='earliest'",
         )
 
+    def _missing(self, base: int, later: list[int]) -> CorruptFrameError:
+        """The segment that should start at ``base`` is not in the directory."""
+        return CorruptFrameError(
+            f"segment {segment_name(base)} is missing"
+            + (f": the log has a gap from offset {base} to {later[0]}" if later else ""),
+            path=self._queue.path / segment_name(base), offset=base,
+            hint=f"restore the file, or seek to {later[0]} (the next segment)"
+            if later else "restore the file",
+        )
+
     def _map_size_is_stale(self, base: int) -> bool:
         return self._map is None and int(self.c.base) == base
 
@@ -138,13 +148,7 @@ class Reader:
             raise self._data_loss(pos, bases[0])
         later = [b for b in bases if b > pos]
         if later and pos == _sealed_end(self.c):
-            raise CorruptFrameError(
-                f"segment {segment_name(pos)} is missing: the log has a gap from offset {pos} "
-                f"to {later[0]}",
-                path=self._queue.path / segment_name(pos),
-                offset=pos,
-                hint=f"restore the file, or seek to {later[0]} (the next segment)",
-            )
+            raise self._missing(pos, later)
         raise CorruptFrameError(
             f"no valid frame at offset {pos} in {segment_name(cur)} and no segment starts there",
             path=self._queue.path / segment_name(cur),
@@ -162,14 +166,7 @@ class Reader:
             bases = self._queue._segment_bases(refresh=True)
             if bases and base < bases[0]:  # deleted by retention just now
                 raise self._data_loss(base, bases[0]) from None
-            later = [b for b in bases if b > base]
-            raise CorruptFrameError(
-                f"segment {segment_name(base)} is missing"
-                + (f": the log has a gap from offset {base} to {later[0]}" if later else ""),
-                path=self._queue.path / segment_name(base), offset=base,
-                hint=f"restore the file, or seek to {later[0]} (the next segment)"
-                if later else "restore the file",
-            ) from None
+            raise self._missing(base, [b for b in bases if b > base]) from None
         c = self.c
         c.base = base
         self.base10 = base - FRAME_HEADER

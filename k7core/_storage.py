@@ -316,6 +316,19 @@ def map_file(path: Path, *, writable: bool) -> Mapping | None:
         os.close(fd)
 
 
+def frames_end(path: Path) -> int:
+    """Where the valid frames of the segment file at ``path`` end (its position), by a scan
+    from byte 0; 0 for an empty file. Read-only."""
+    m = map_file(path, writable=False)
+    if m is None:
+        return 0
+    try:
+        count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
+        return int(lib.k7_scan_end(m.ptr, m.size, count, status))
+    finally:
+        m.close()
+
+
 def data_regions(path: Path, start: int, size: int) -> list[tuple[int, int]]:
     """Byte ranges of ``path`` in [start, size) that may hold data (SEEK_DATA / SEEK_HOLE).
 

@@ -51,7 +51,7 @@ from ._group import check_cursor
 from ._kernel import SCAN_CORRUPT, SCAN_OK, ffi, lib
 from ._queue import Queue
 from ._stats import SegmentInfo, list_segment_infos, read_cursors
-from ._storage import data_regions, lock_is_free, try_lock
+from ._storage import data_regions, frames_end, lock_is_free, try_lock
 
 EXIT_CORRUPT = 1
 EXIT_ERROR = 3
@@ -296,18 +296,7 @@ def verify(directory: str) -> None:
 
 def _verify_cursors(d: Path, segs: list[SegmentInfo]) -> list[CursorError]:
     """Each group's stored cursor must be a frame boundary of the log (or lie before it)."""
-    end = 0
-    if segs:
-        mm = _map_readonly(d / segment_name(segs[-1].base))
-        end = segs[-1].base
-        if mm is not None:
-            buf = ffi.from_buffer(mm)
-            try:
-                count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
-                end += int(lib.k7_scan_end(buf, len(mm), count, status))
-            finally:
-                ffi.release(buf)
-                mm.close()
+    end = segs[-1].base + frames_end(d / segment_name(segs[-1].base)) if segs else 0
     out = []
     for name, committed in read_cursors(d):
         err = check_cursor(d, name, committed, end)

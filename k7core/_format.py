@@ -11,6 +11,9 @@ MAX_PAYLOAD = 2**31 - 1
 CURSOR_FILE_SIZE = 4096
 POSITION_FILE_SIZE = 4096
 DEFAULT_SEGMENT_SIZE = 256 * 1024 * 1024
+# k7 on the JVM maps a segment as one MappedByteBuffer, which holds at most 2^31-1 bytes: a
+# larger segment could not be opened there, and gains nothing (a payload is < 2 GiB).
+MAX_SEGMENT_SIZE = 2**31 - 8
 
 SEGMENT_RE = re.compile(r"^seg-(\d{20})\.k7$")
 CURSOR_PREFIX = "cursor-"

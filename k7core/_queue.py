@@ -27,6 +27,7 @@ from ._format import (
     DEFAULT_SEGMENT_SIZE,
     FRAME_HEADER,
     MAX_PAYLOAD,
+    MAX_SEGMENT_SIZE,
     POSITION_FILE,
     POSITION_FILE_SIZE,
     SEGMENT_RE,
@@ -60,10 +61,11 @@ from ._storage import (
     Mapping,
     SpareSegment,
     create_segment,
-    data_regions,
+    frame_at,
     frames_end,
     fsync_dir,
     fsync_file,
+    last_data,
     list_segments,
     lock_is_free,
     map_file,
@@ -221,7 +223,9 @@ class Queue(Resource):
         self._closed = True
         self._w: Any = None
         self._fa = Appender(0)  # the enqueue fast path; detached (no writer) until recovery
-        self._bulk_reader: Reader | None = None  # read_columnar's
+        # read_columnar's readers, kept across calls (mapping a segment costs more than a
+        # scan); a call takes one for itself, so calls from several threads never share one
+        self._bulk_readers: list[Reader] = []
         self.path = Path(path)
         if not isinstance(segment_size, int) or segment_size < 64 or segment_size % 8:
             raise ValueError(
@@ -229,6 +233,12 @@ class Queue(Resource):
             )
         if not isinstance(commit_interval, (int, float)) or not 0 <= commit_interval <= 10:
             raise ValueError(f"commit_interval must be seconds in [0, 10], not {commit_interval!r}")
+        if segment_size > MAX_SEGMENT_SIZE:
+            raise ValueError(
+                f"segment_size must be at most {MAX_SEGMENT_SIZE} (2 GiB - 8), not "
+                f"{segment_size}: k7 on the JVM maps a segment as one buffer of at most "
+                "2^31-1 bytes, and each segment is preallocated on disk at this size"
+            )
         self.segment_size = segment_size
         self.fsync = parse_fsync(fsync, "fsync")
         self.commit_interval = float(commit_interval)
@@ -334,6 +344,7 @@ class Queue(Resource):
             create_segment(self.path, 0, self.segment_size, durable=durable,
                            mode=self.file_mode)
             self._bases = [0]
+        self._drop_stray_segments(durable)
         base = self._bases[-1]
         path = self.path / segment_name(base)
         size = path.stat().st_size
@@ -350,7 +361,7 @@ class Queue(Resource):
                 "short-segment-reset", base, base, size, None, time.time()
             ))
             create_segment(self.path, base, self.segment_size, durable=durable,
-                           mode=self.file_mode)
+                           mode=self.file_mode, replace=True)
             m = map_file(path, writable=True)
             assert m is not None
             end = 0
@@ -379,6 +390,40 @@ class Queue(Resource):
             os.unlink(self.path / SPARE_SEGMENT)  # one left by a crash
         self._prepare_spare(prefault=False)
 
+    def _drop_stray_segments(self, durable: bool) -> None:
+        """Remove a last segment that holds no frame while its predecessor's frames run to
+        or past its base: a roll created it, then failed (a full disk), and the writer went
+        on in the predecessor. Taking it as the end of the log would hand out again the
+        offsets written after it; its predecessor is where the log goes on."""
+        while len(self._bases) >= 2:
+            prev, last = self._bases[-2], self._bases[-1]
+            path = self.path / segment_name(last)
+            if frame_at(path, 0) or not frame_at(self.path / segment_name(prev), last - prev):
+                return
+            size = os.stat(path, follow_symlinks=False).st_size
+            side = None
+            m = map_file(path, writable=False)
+            if m is not None:
+                try:
+                    if last_data(m.ptr, path, 0, m.size):  # never lose a byte: keep it aside
+                        side = f"k7py-stray-{segment_name(last)}"
+                        os.rename(path, self.path / side)
+                finally:
+                    m.close()
+            if side is None:
+                os.unlink(path)
+            if durable:
+                fsync_dir(self.path)
+            self._bases.pop()
+            self._events.append(RecoveryEvent(
+                "stray-segment-removed", last, last, size, side, time.time()
+            ))
+            log.warning(
+                "k7core: %s holds no frame and its predecessor's frames run past its base "
+                "(a failed roll): removed it%s; the log goes on in %s",
+                segment_name(last), f" (kept as {side})" if side else "", segment_name(prev),
+            )
+
     def _prepare_spare(self, *, prefault: bool = True) -> None:
         """Start preparing the next segment. Pre-faulting dirties its pages (the kernel may
         write those zeros back before the data), so only a writer that has filled a segment
@@ -391,20 +436,20 @@ class Queue(Resource):
 
     def _cut_tail(self, m: Mapping, base: int, end: int) -> None:
         """Save and zero whatever follows the last valid frame, so it can never reappear."""
-        last = end
-        for lo, hi in data_regions(self.path / segment_name(base), end, m.size):
-            last = max(last, int(lib.k7_last_nonzero(m.ptr, max(lo, end), hi)))
+        last = last_data(m.ptr, self.path / segment_name(base), end, m.size)
         if last <= end:
             return
-        assert m.mm is not None
         side = self.path / f"k7py-torn-{base:020d}-{end:012d}-{time.time_ns()}.bin"
         side_fd = open_fd(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.file_mode)
         with os.fdopen(side_fd, "wb") as f:
-            f.write(m.mm[end:last])
+            f.write(m.read(end, last))
             f.flush()
             fsync_file(f.fileno(), side)
-        m.mm[end:last] = bytes(last - end)
-        m.mm.flush()
+        m.zero(end, last)
+        err = k7_msync_range(m, end, last)
+        if err:
+            raise StorageError(f"msync of {segment_name(base)} failed: {os.strerror(err)}",
+                               errno_=err, path=self.path / segment_name(base))
         self._events.append(RecoveryEvent(
             "torn-tail-cut", base, base + end, last - end, side.name, time.time()
         ))
@@ -564,7 +609,7 @@ class Queue(Resource):
         if self._seg_lost is not None:
             raise self._seg_lost
         w, m = self._w, self._r.seg_map
-        if w is None or m is None or m.mm is None:
+        if w is None or m is None or m.closed:
             return
         base, written = int(w.base), int(w.pos)
         path = self.path / segment_name(base)
@@ -579,7 +624,7 @@ class Queue(Resource):
         try:  # a segment image: renamed back, it restores the frames
             fd = open_fd(side, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
             try:
-                os.write(fd, m.mm[:written])
+                os.write(fd, m.read(0, written))
                 os.ftruncate(fd, m.size)
                 fsync_file(fd, side)
             finally:
@@ -620,12 +665,20 @@ class Queue(Resource):
             with self._flusher_lock():
                 if lib.k7_writer_sync(w):
                     self._raise_eio()
+        self._remove_strays(int(w.base))
+        dest = self.path / segment_name(new_base)
         spare, self._r.spare = self._r.spare, None
-        m = spare.take(self.path / segment_name(new_base)) if spare is not None else None
+        m = spare.take(dest) if spare is not None else None
         if m is None:
-            path = create_segment(self.path, new_base, self.segment_size, durable=durable,
-                                  mode=self.file_mode)
-            m = map_file(path, writable=True)
+            # on failure (a full disk) no file is left: the writer goes on in this segment
+            create_segment(self.path, new_base, self.segment_size, durable=durable,
+                           mode=self.file_mode)
+            try:
+                m = map_file(dest, writable=True)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(dest)
+                raise
             assert m is not None
             m.prefetch()
         self._prepare_spare()
@@ -638,6 +691,24 @@ class Queue(Resource):
         self._bases.append(new_base)
         self._note_segment(new_base)
         self._apply_retention()
+
+    def _remove_strays(self, current: int) -> None:
+        """Delete segment files above the one being written, before a roll: only a roll
+        that failed half-way (and could not clean up) leaves one, never with a frame."""
+        for base in list_segments(self.path):
+            if base <= current:
+                continue
+            path = self.path / segment_name(base)
+            if frame_at(path, 0):
+                raise StorageError(
+                    f"{segment_name(base)} lies beyond the segment this writer is writing "
+                    f"({segment_name(current)}) and holds frames", path=path, offset=base,
+                    hint="another program wrote into the queue directory; move that file "
+                    "away, then roll again",
+                )
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            log.warning("k7core: removed %s, left by a failed roll", segment_name(base))
 
     # ------------------------------------------------------------------ retention
 
@@ -800,9 +871,25 @@ class Queue(Resource):
             raise ValueError("max_messages must be >= 1")
         starts = _ZERO * max_messages
         lens = _ZERO * max_messages
-        reader = self._bulk_reader
-        if reader is None:  # kept across calls: mapping a segment costs more than a scan
-            reader = self._bulk_reader = Reader(self, 1)
+        try:
+            reader = self._bulk_readers.pop()  # atomic: each reader has one user at a time
+        except IndexError:
+            reader = Reader(self, 1)
+        try:
+            batch = self._read_columnar(reader, offset, max_messages, starts, lens)
+        except BaseException:
+            reader.close()
+            raise
+        if self._closed:
+            reader.close()
+        else:
+            self._bulk_readers.append(reader)
+        return batch
+
+    def _read_columnar(
+        self, reader: Reader, offset: int, max_messages: int,
+        starts: array.array[int], lens: array.array[int],
+    ) -> ColumnarBatch:
         c = reader.c
         with _from_buffer(starts) as sbuf, _from_buffer(lens) as lbuf:
             try:
@@ -917,9 +1004,8 @@ class Queue(Resource):
             except K7Error as exc:  # keep closing; report the first failure at the end
                 first_error = first_error or exc
         self._fa.detach()
-        if self._bulk_reader is not None:
-            self._bulk_reader.close()
-            self._bulk_reader = None
+        while self._bulk_readers:
+            self._bulk_readers.pop().close()
         try:
             self._check_segment()
         except StorageError as exc:
@@ -972,7 +1058,7 @@ class Queue(Resource):
         fds: list[int] = []
         try:
             for name, _ in cursors:
-                fd = os.open(self.path / cursor_name(name), os.O_RDONLY | os.O_CLOEXEC)
+                fd = open_fd(self.path / cursor_name(name), os.O_RDONLY)
                 fds.append(fd)
                 if not try_lock(fd):
                     raise BlockingIOError

@@ -18,16 +18,6 @@ if TYPE_CHECKING:
 SCAN_NOSEG: int = lib.K7_SCAN_NOSEG
 
 
-def _sealed_end(c: object) -> int:
-    """Where the segment the reader is in was sealed: its frames end at ``c.pos`` and only
-    zeros follow (so the next segment should start there)."""
-    seg, cap, base, pos = c.seg, int(c.cap), int(c.base), int(c.pos)  # type: ignore[attr-defined]
-    local = pos - base
-    if seg == ffi.NULL or not 0 <= local <= cap:
-        return -1
-    return pos if int(lib.k7_last_nonzero(seg, local, cap)) == local else -1
-
-
 class Reader:
     """One consumer's read state (single-threaded): a C ``k7_reader`` plus the mapping of the
     segment it is in.
@@ -44,6 +34,9 @@ class Reader:
         self.view: memoryview | None = None  # read-only view of the current segment
         self.base10 = 0  # current segment base minus the frame header: offset = base10 + start
         self.fetcher: Fetcher | None = None  # a group's fast path, told of every segment change
+        # base of the segment after the mapped one when it was mapped (the mapped one then
+        # ends there: its sealed end), None while it was the last
+        self._next_base: int | None = None
         c = self.c = ffi.new("k7_reader *")
         c.pub = queue._pub
         c.floor_end = queue._floor_end
@@ -80,23 +73,46 @@ class Reader:
             pos = int(c.pos)
             if pos >= c.end or c.status == lib.K7_SCAN_OK:
                 return 0
-            if c.status == SCAN_CORRUPT:
-                later = [b for b in self._queue._segment_bases(refresh=True) if b > pos]
-                raise CorruptFrameError(
-                    f"corrupt frame at offset {pos} in {segment_name(int(c.base))}",
-                    path=self._queue.path / segment_name(int(c.base)),
-                    offset=pos,
-                    hint=f"seek to {later[0]} (the next segment) to skip the rest of this one"
-                    if later else "seek past it",
-                )
-            if c.status == SCAN_NOSEG:
+            if c.status in (SCAN_CORRUPT, SCAN_EMPTY) and self._sealed_since():
+                pass  # the segment ends here now: read again within its sealed end
+            elif c.status == SCAN_CORRUPT:
+                raise self._corrupt(pos)
+            elif c.status == SCAN_NOSEG:
                 self._map_segment_for(pos)
-            elif c.status == SCAN_EMPTY:
+            else:
                 self._next_segment(pos)
             n = int(lib.k7_read(c, max_n))
             if n:
                 return n
         return 0
+
+    def _corrupt(self, pos: int) -> CorruptFrameError:
+        later = [b for b in self._queue._segment_bases(refresh=True) if b > pos]
+        return CorruptFrameError(
+            f"corrupt frame at offset {pos} in {segment_name(int(self.c.base))}",
+            path=self._queue.path / segment_name(int(self.c.base)),
+            offset=pos,
+            hint=f"seek to {later[0]} (the next segment) to skip the rest of this one"
+            if later else "seek past it",
+        )
+
+    def _sealed_since(self) -> bool:
+        """True when the mapped segment, the last one when it was mapped, has been sealed
+        since (a later segment exists now) and ``c.cap`` was lowered to its sealed end:
+        bytes past that end are not part of the log, whatever they hold."""
+        c = self.c
+        if self._next_base is not None or self._map is None:
+            return False
+        base = int(c.base)
+        later = [b for b in self._queue._segment_bases(refresh=True) if b > base]
+        if not later:
+            return False
+        self._next_base = later[0]
+        cap = min(self._map.size, later[0] - base)
+        if cap >= int(c.cap):
+            return False
+        c.cap = cap
+        return True
 
     def _map_segment_for(self, pos: int) -> None:
         bases = self._queue._segment_bases()
@@ -111,6 +127,10 @@ class Reader:
                 f"offset {pos} is before the first segment of the queue",
                 path=self._queue.path, offset=pos, hint="seek to a later offset",
             )
+        if self._map is not None and bases[i] == int(self.c.base):
+            # still in the mapped segment, past its file's end: the file is shorter than
+            # the segment's sealed end
+            raise self._short(bases[i], pos)
         self._map_segment(bases[i])
 
     def _data_loss(self, pos: int, earliest: int) -> DataLossError:
@@ -121,14 +141,26 @@ class Reader:
             "with on_data_loss='earliest'",
         )
 
-    def _missing(self, base: int, later: list[int]) -> CorruptFrameError:
-        """The segment that should start at ``base`` is not in the directory."""
+    def _missing(self, base: int, later: list[int], why: str = "is missing") -> CorruptFrameError:
+        """The segment that should start at ``base`` is not in the directory (or is empty)."""
         return CorruptFrameError(
-            f"segment {segment_name(base)} is missing"
+            f"segment {segment_name(base)} {why}"
             + (f": the log has a gap from offset {base} to {later[0]}" if later else ""),
             path=self._queue.path / segment_name(base), offset=base,
             hint=f"restore the file, or seek to {later[0]} (the next segment)"
             if later else "restore the file",
+        )
+
+    def _short(self, base: int, pos: int) -> CorruptFrameError:
+        """The file of the sealed segment at ``base`` ends before its sealed end."""
+        nxt = self._next_base
+        assert self._map is not None and nxt is not None
+        return CorruptFrameError(
+            f"segment file {segment_name(base)} is too short: it holds {self._map.size} bytes "
+            f"but the segment was sealed at position {nxt - base} (the next segment starts "
+            f"at {nxt}): the log has a gap from offset {pos} to {nxt}",
+            path=self._queue.path / segment_name(base), offset=pos,
+            hint=f"restore the file, or seek to {nxt} (the next segment)",
         )
 
     def _map_size_is_stale(self, base: int) -> bool:
@@ -147,8 +179,15 @@ class Reader:
         if bases and pos < bases[0]:
             raise self._data_loss(pos, bases[0])
         later = [b for b in bases if b > pos]
-        if later and pos == _sealed_end(self.c):
-            raise self._missing(pos, later)
+        m = self._map
+        if later and m is not None:
+            local = pos - cur
+            if local > m.size - FRAME_HEADER:
+                raise self._short(cur, pos)
+            if int(lib.k7_last_nonzero(m.ptr, local, m.size)) == local:
+                # only zeros follow: this segment was sealed at ``pos``, where the next
+                # segment should start
+                raise self._missing(pos, later)
         raise CorruptFrameError(
             f"no valid frame at offset {pos} in {segment_name(cur)} and no segment starts there",
             path=self._queue.path / segment_name(cur),
@@ -157,7 +196,14 @@ class Reader:
         )
 
     def _map_segment(self, base: int) -> None:
+        """Map the segment at ``base``. A segment with a successor is sealed: its frames end
+        where the successor begins (k7's rule), so the reader never looks past that point
+        (bytes a JVM writer's recovery left there are not part of the log)."""
         self.close()
+        bases = self._queue._segment_bases()
+        if not bases or bases[-1] <= base:  # is it still the last one?
+            bases = self._queue._segment_bases(refresh=True)
+        later = [b for b in bases if b > base]
         try:
             m = map_file(self._queue.path / segment_name(base), writable=False)
         except StorageError as exc:
@@ -170,12 +216,16 @@ class Reader:
         c = self.c
         c.base = base
         self.base10 = base - FRAME_HEADER
-        if m is None:  # empty file left by a crash during a roll
-            c.cap = 0
+        self._next_base = later[0] if later else None
+        if m is None:  # an empty file
+            if later:
+                raise self._missing(base, later, "is empty (0 bytes)")
+            c.cap = 0  # the last segment, left by a crash during a roll
             return
         self._map = m
         self.view = m.view
-        c.seg, c.cap = m.ptr, m.size
+        c.seg = m.ptr
+        c.cap = m.size if not later else min(m.size, later[0] - base)
         if self.fetcher is not None:
             self.fetcher.set_segment(self.view, self.base10)
 

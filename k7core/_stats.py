@@ -7,15 +7,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._errors import InvalidNameError
+from ._errors import InvalidNameError, StorageError
 from ._format import CURSOR_PREFIX, SEGMENT_RE, check_group_name
-from ._storage import lock_is_free
+from ._storage import lock_is_free, open_fd
 
 #: ``lag_messages`` is counted (a CRC-checked scan of the frames) only when the lag is at
 #: most this many bytes; above it, it is ``None``. A scan of 4 MiB takes about a millisecond.
@@ -181,18 +180,16 @@ def read_cursors(directory: Path) -> list[tuple[str, int]]:
     for name in os.listdir(directory):
         if not (name.startswith(CURSOR_PREFIX) and name.endswith(".k7")):
             continue
-        try:  # foreign files (bad group name, directory, symbolic link) are not cursors
+        try:  # foreign files (bad group name, not a regular file, a link) are not cursors
             check_group_name(name[len(CURSOR_PREFIX) : -3])
-            fd = os.open(directory / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except (InvalidNameError, FileNotFoundError, IsADirectoryError):
+            fd = open_fd(directory / name, os.O_RDONLY)
+        except InvalidNameError:
             continue
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
+        except StorageError as exc:
+            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.EINVAL):
                 continue
             raise
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                continue
             head = os.pread(fd, 8, 0)
         finally:
             os.close(fd)

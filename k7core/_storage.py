@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import mmap
 import os
 import stat
 import threading
@@ -18,53 +17,70 @@ from ._kernel import ffi, lib
 
 
 class Mapping:
-    """A shared memory map of a whole file plus a C pointer into it.
+    """A shared memory map of a whole file (``ptr``, a C pointer) that holds no file
+    descriptor: the kernel maps it directly (Python's ``mmap`` would keep a duplicate fd
+    open per map, so held payload views could exhaust the process's descriptors).
 
-    Payload memoryviews handed to users are slices of ``view``. ``close()`` unmaps only when
-    no such view is still alive; otherwise the map is left to the garbage collector, which
-    unmaps it when the last view is released. A view therefore never dangles.
+    Payload memoryviews handed to users are slices of ``view`` (read-only maps). ``close()``
+    drops this object's hold on the map; the map itself is unmapped when the last slice of
+    ``view`` is released too, so a view never dangles.
     """
 
-    __slots__ = ("_bus", "_cbuf", "mm", "ptr", "size", "view")
+    __slots__ = ("_bus", "_owner", "ptr", "size", "view")
 
     def __init__(self, fd: int, size: int, *, writable: bool) -> None:
-        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        self.mm: mmap.mmap | None = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+        self._bus = -1
+        self._owner: Any = None
+        self.ptr: Any = ffi.NULL
+        self.view: memoryview | None = None
         self.size = size
-        self._cbuf: Any = ffi.from_buffer(self.mm, require_writable=writable)
-        self.ptr: Any = ffi.cast("uint8_t *", self._cbuf)
-        self.view: memoryview | None = memoryview(self.mm) if not writable else None
+        raw = lib.k7_map(fd, size, int(writable))
+        if raw == ffi.NULL:
+            err = ffi.errno
+            raise OSError(err, os.strerror(err))
+        # the map lives as long as this owner: held by us until close(), and by the buffer
+        # under ``view`` while any slice of it is alive
+        self._owner = ffi.gc(raw, lambda p: lib.k7_unmap(p, size))
+        self.ptr = raw
+        if not writable:
+            self.view = memoryview(ffi.buffer(self._owner, size)).toreadonly()
         # guarded against SIGBUS while open (see k7_bus.c); views kept after close are not
-        self._bus = int(lib.k7_bus_register(self.ptr, size))
+        self._bus = int(lib.k7_bus_register(raw, size))
 
     def prefetch(self) -> None:
         """Ask the kernel to bring the file's pages into the page cache now (asynchronous
         readahead; zero-filled for preallocated space), so that writing into a fresh
         segment does not take a page-cache miss per 4 KiB page on the hot path."""
-        if self.mm is not None and hasattr(mmap, "MADV_WILLNEED"):
-            with contextlib.suppress(OSError):
-                self.mm.madvise(mmap.MADV_WILLNEED)
+        if self._owner is not None:
+            lib.k7_willneed(self.ptr, self.size)
+
+    def read(self, start: int, end: int) -> bytes:
+        """A copy of bytes [start, end) of the map."""
+        return bytes(ffi.buffer(self.ptr + start, end - start))
+
+    def zero(self, start: int, end: int) -> None:
+        """Write zeros over bytes [start, end) of a writable map."""
+        ffi.memmove(self.ptr + start, bytes(end - start), end - start)
 
     def __del__(self) -> None:
         if self._bus >= 0:  # dropped without close(): the map goes with it
             lib.k7_bus_unregister(self._bus)
 
+    @property
+    def closed(self) -> bool:
+        return self._owner is None
+
     def close(self) -> None:
-        if self.mm is None:
+        if self._owner is None:
             return
         lib.k7_bus_unregister(self._bus)
         self._bus = -1
-        ffi.release(self._cbuf)
         self.ptr = ffi.NULL
         view, self.view = self.view, None
-        mm, self.mm = self.mm, None
         if view is not None:
-            try:
+            with contextlib.suppress(BufferError):  # exported further: the GC unmaps later
                 view.release()
-            except BufferError:
-                return  # slices of it are still held by users: the GC unmaps later
-        with contextlib.suppress(BufferError):
-            mm.close()
+        self._owner = None  # unmapped now unless slices of ``view`` are still held
 
 
 FILE_MODE = 0o600
@@ -72,27 +88,50 @@ FILE_MODE = 0o600
 
 
 def open_fd(path: Path, flags: int, mode: int = FILE_MODE) -> int:
-    """Open a file of a queue directory; never through a symbolic link (``O_NOFOLLOW``)."""
+    """Open a file of a queue directory: the one door every file of k7core goes through.
+
+    Never through a symbolic link (``O_NOFOLLOW``); with ``O_NONBLOCK``, so that a FIFO or a
+    device named like a queue file cannot block the open; and only a regular file (a
+    directory with ``O_DIRECTORY``): anything else is a StorageError naming it.
+    """
     try:
-        return os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise StorageError(
-                f"cannot open {path}: it is a symbolic link", errno_=exc.errno, path=path,
-                hint="k7core does not follow links inside a queue directory; replace the "
-                "link with the file itself",
-            ) from exc
-        hint = None
-        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            hint = (
-                "a writer needs to create and write files in the queue directory; a "
-                "readonly Queue only reads segments, but each of its consumer groups "
-                "creates and writes its cursor file (see docs/security.md)"
-            )
-        raise StorageError(
-            f"cannot open {path}: {exc.strerror}", errno_=exc.errno or 0, path=path,
-            hint=hint,
-        ) from exc
+        raise _open_error(path, exc) from exc
+    try:
+        kind = os.fstat(fd).st_mode
+    except OSError as exc:
+        os.close(fd)
+        raise _open_error(path, exc) from exc
+    want_dir = bool(flags & os.O_DIRECTORY)
+    if stat.S_ISDIR(kind) if want_dir else stat.S_ISREG(kind):
+        return fd
+    os.close(fd)
+    raise StorageError(
+        f"cannot open {path}: it is not a {'directory' if want_dir else 'regular file'}",
+        errno_=errno.ENOTDIR if want_dir else errno.EINVAL, path=path,
+        hint="only k7core's own files may carry its file names in a queue directory; "
+        "move this one away",
+    )
+
+
+def _open_error(path: Path, exc: OSError) -> StorageError:
+    if exc.errno == errno.ELOOP:
+        return StorageError(
+            f"cannot open {path}: it is a symbolic link", errno_=exc.errno, path=path,
+            hint="k7core does not follow links inside a queue directory; replace the "
+            "link with the file itself",
+        )
+    hint = None
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        hint = (
+            "a writer needs to create and write files in the queue directory; a "
+            "readonly Queue only reads segments, but each of its consumer groups "
+            "creates and writes its cursor file (see docs/security.md)"
+        )
+    return StorageError(
+        f"cannot open {path}: {exc.strerror}", errno_=exc.errno or 0, path=path, hint=hint,
+    )
 
 
 def try_lock(fd: int, *, exclusive: bool = True) -> bool:
@@ -107,9 +146,11 @@ def try_lock(fd: int, *, exclusive: bool = True) -> bool:
 def lock_is_free(path: Path) -> bool:
     """True when nobody holds an exclusive flock on ``path`` (tested without keeping it)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return True
+        fd = open_fd(path, os.O_RDONLY)
+    except StorageError as exc:
+        if exc.errno == errno.ENOENT:
+            return True
+        raise
     try:
         if try_lock(fd, exclusive=False):
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -138,12 +179,7 @@ def fsync_file(fd: int, path: Path) -> None:
 
 def fsync_dir(path: Path) -> None:
     """fsync a directory, so that the files created or deleted in it are durable."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise StorageError(
-            f"cannot open directory {path}: {exc.strerror}", errno_=exc.errno or 0, path=path
-        ) from exc
+    fd = open_fd(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fsync_file(fd, path)
     finally:
@@ -193,17 +229,22 @@ def preallocate(fd: int, size: int, path: Path) -> None:
 
 
 def create_segment(
-    directory: Path, base: int, size: int, *, durable: bool, mode: int = FILE_MODE
+    directory: Path, base: int, size: int, *, durable: bool, mode: int = FILE_MODE,
+    replace: bool = False,
 ) -> Path:
-    """Create (or re-create an empty, short one left by a crash) and preallocate a segment."""
+    """Create and preallocate a new segment (``replace``: re-create an empty, short one left
+    by a crash). On failure no file is left: a partly created segment would otherwise be
+    taken as the last segment of the log by the next open, or fill the disk."""
     path = directory / segment_name(base)
-    fd = open_fd(path, os.O_RDWR | os.O_CREAT, mode)
+    fd = open_fd(path, os.O_RDWR | os.O_CREAT | (0 if replace else os.O_EXCL), mode)
     try:
         preallocate(fd, size, path)
         if durable:
             fsync_file(fd, path)
     except BaseException:
         os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
         raise
     os.close(fd)
     if durable:
@@ -260,6 +301,9 @@ class SpareSegment:
                         break
         except BaseException as exc:  # reported by take(): the roll then creates in place
             self._error = exc
+            if self._map is None:  # a partly allocated spare must not hold the disk
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
 
     def _join(self) -> None:
         if self._thread is not None:
@@ -276,11 +320,17 @@ class SpareSegment:
             return None
         try:
             os.rename(self.path, dest)
+        except OSError:
+            m.close()
+            self.discard()
+            return None
+        try:
             if self._durable:
                 fsync_dir(dest.parent)
         except OSError:
             m.close()
-            self.discard()
+            with contextlib.suppress(OSError):  # no segment file left that the log lacks
+                os.unlink(dest)
             return None
         return m
 
@@ -299,11 +349,6 @@ def map_file(path: Path, *, writable: bool) -> Mapping | None:
     fd = open_fd(path, os.O_RDWR if writable else os.O_RDONLY)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StorageError(
-                f"cannot map {path}: not a regular file", errno_=errno.EINVAL, path=path,
-                hint="only k7core's own files may carry its file names in a queue directory",
-            )
         if st.st_size == 0:
             return None
         try:
@@ -329,13 +374,42 @@ def frames_end(path: Path) -> int:
         m.close()
 
 
+def frame_at(path: Path, local: int) -> bool:
+    """True when the segment file at ``path`` holds a valid (CRC-checked) frame at byte
+    ``local``; False when it does not, is empty or is too short."""
+    m = map_file(path, writable=False)
+    if m is None:
+        return False
+    try:
+        pos, ln, nxt = ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int64_t *")
+        status = ffi.new("int32_t *")
+        return 0 <= local < m.size and bool(
+            lib.k7_scan(m.ptr, m.size, local, m.size, 1, pos, ln, nxt, status)
+        )
+    finally:
+        m.close()
+
+
+def last_data(ptr: Any, path: Path, start: int, size: int) -> int:
+    """The end of the last non-zero byte in [start, size) of ``path`` mapped at ``ptr``;
+    ``start`` when there is none. Only the file's data regions are read: holes, and the
+    all-zero blocks a JVM k7 writes at the end of a sparse segment, cost nothing more."""
+    last = start
+    for lo, hi in data_regions(path, start, size):
+        lo = max(lo, start)
+        found = int(lib.k7_last_nonzero(ptr, lo, hi))
+        if found > lo:  # k7_last_nonzero returns ``lo`` itself when [lo, hi) is all zeros
+            last = max(last, found)
+    return last
+
+
 def data_regions(path: Path, start: int, size: int) -> list[tuple[int, int]]:
     """Byte ranges of ``path`` in [start, size) that may hold data (SEEK_DATA / SEEK_HOLE).
 
     Preallocated but never written blocks are holes, so the search for a torn tail does not
     read a whole empty segment. Where the filesystem cannot tell, the whole range is data.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    fd = open_fd(path, os.O_RDONLY)
     regions = []
     try:
         pos = start

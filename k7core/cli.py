@@ -51,7 +51,7 @@ from ._group import check_cursor
 from ._kernel import SCAN_CORRUPT, SCAN_OK, ffi, lib
 from ._queue import Queue
 from ._stats import SegmentInfo, list_segment_infos, read_cursors
-from ._storage import data_regions, frames_end, lock_is_free, try_lock
+from ._storage import frames_end, last_data, lock_is_free, try_lock
 
 EXIT_CORRUPT = 1
 EXIT_ERROR = 3
@@ -222,9 +222,7 @@ def _verify_segment(
             advance(resync - pos)
             pos = resync
         if limit is None:
-            last = pos
-            for lo, hi in data_regions(path, pos, size):
-                last = max(last, int(lib.k7_last_nonzero(buf, max(lo, pos), hi)))
+            last = last_data(buf, path, pos, size)
             if last > pos:
                 problems.append(_Problem("torn-tail", base, base + pos, last - pos))
         elif size < limit:

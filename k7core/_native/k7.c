@@ -321,6 +321,21 @@ int k7_prefault(uint8_t *addr, int64_t len) {
 #endif
 }
 
+uint8_t *k7_map(int fd, int64_t len, int writable) {
+    if (len <= 0) { errno = EINVAL; return NULL; }
+    void *p = mmap(NULL, (size_t)len, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED,
+                   fd, 0);
+    return p == MAP_FAILED ? NULL : (uint8_t *)p;
+}
+
+int k7_unmap(uint8_t *addr, int64_t len) {
+    return munmap(addr, (size_t)len) == 0 ? 0 : errno;
+}
+
+int k7_willneed(uint8_t *addr, int64_t len) {
+    return madvise(addr, (size_t)len, MADV_WILLNEED) == 0 ? 0 : errno;
+}
+
 /* ------------------------------------------------------------------ writer */
 
 /* msync of the log, timed for Queue.stats() (two vDSO clock reads around a syscall that

@@ -177,4 +177,9 @@ int k7_msync(uint8_t *addr, int64_t start, int64_t end);
  * this errno instead of syncing. */
 extern int32_t k7_fault_msync;
 int k7_prefault(uint8_t *addr, int64_t len);  /* page tables writable now; 0 or errno */
+/* A shared map of a whole file that holds no file descriptor (Python's mmap dups one per
+ * map): NULL with errno set on failure. unmap: 0 or errno. willneed: readahead hint. */
+uint8_t *k7_map(int fd, int64_t len, int writable);
+int k7_unmap(uint8_t *addr, int64_t len);
+int k7_willneed(uint8_t *addr, int64_t len);
 void k7_sleep_ns(int64_t ns);

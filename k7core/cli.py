@@ -160,7 +160,7 @@ def _human(n: int) -> str:
 
 @dataclasses.dataclass
 class _Problem:
-    kind: str  # "corrupt-frame" | "missing-data" | "short-segment" | "torn-tail"
+    kind: str  # "corrupt-frame" | "missing-data" | "short-segment" | "torn-tail" | "beyond-seal"
     segment: int
     offset: int
     nbytes: int | None = None
@@ -175,8 +175,17 @@ class _Problem:
         if self.kind == "short-segment":
             return (f"segment file too short: {segment_name(self.segment)} ends at position "
                     f"{self.offset - self.segment}, before its seal point {self.nbytes}")
+        if self.kind == "beyond-seal":
+            return (f"note: {segment_name(self.segment)} holds {self.nbytes} bytes after its "
+                    f"sealed end (position {self.offset - self.segment}, where the next "
+                    "segment starts): not part of the log and never read (a writer's "
+                    "recovery, such as k7's on the JVM, leaves them)")
         return (f"torn tail: {where}, {self.nbytes} bytes after the last valid frame "
                 "(a writer's open cuts it; `k7 repair` does it now)")
+
+    @property
+    def harmful(self) -> bool:
+        return self.kind != "beyond-seal"
 
 
 def _map_readonly(path: Path) -> mmap.mmap | None:
@@ -227,6 +236,10 @@ def _verify_segment(
                 problems.append(_Problem("torn-tail", base, base + pos, last - pos))
         elif size < limit:
             problems.append(_Problem("short-segment", base, base + size, limit))
+        else:
+            stale = last_data(buf, path, limit, size)
+            if stale > limit:
+                problems.append(_Problem("beyond-seal", base, base + limit, stale - limit))
         advance(max(0, size - pos))
     finally:
         ffi.release(buf)
@@ -284,6 +297,7 @@ def verify(directory: str) -> None:
         click.echo(p.describe())
     for err in cursor_errors:
         click.echo(f"bad cursor: {err}")
+    problems = [p for p in problems if p.harmful]
     if problems or cursor_errors:
         click.echo(f"{len(problems)} problem(s) in {len(segs)} segment(s); "
                    f"{frames} valid frames; {len(cursor_errors)} bad cursor(s)")

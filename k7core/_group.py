@@ -260,7 +260,7 @@ class ConsumerGroup(Resource):
         c = self._rc
         if c.status != SCAN_CORRUPT and c.pos < c.end:
             # deliver what was read; the next poll reports the loss or the damage
-            with contextlib.suppress(DataLossError, CorruptFrameError):
+            with contextlib.suppress(DataLossError, CorruptFrameError, StorageError):
                 msgs += self._read_raw(max_batch - len(msgs))
         return msgs
 

@@ -1,4 +1,4 @@
-"""The ``k7`` command line (``pip install k7py[cli]``): inspect, verify, tail, produce,
+"""The ``k7`` command line (``pip install 'k7py[cli]'``): inspect, verify, tail, produce,
 manage groups, repair and benchmark a queue directory.
 
 Exit status: 0 success; 1 ``verify`` found corruption; 2 bad usage or argument; 3 the
@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from ._errors import MissingExtraError
+
 try:
     import click
     from rich.console import Console
@@ -34,10 +36,8 @@ try:
         TimeRemainingColumn,
     )
     from rich.table import Table
-except ImportError as exc:  # pragma: no cover - only without the extra
-    raise SystemExit(
-        f"k7: the command line needs click and rich ({exc}): pip install 'k7py[cli]'"
-    ) from exc
+except ImportError as exc:
+    raise SystemExit(f"k7: {MissingExtraError('the command line', 'cli', exc)}") from exc
 
 from ._errors import CursorError, DataLossError, K7Error
 from ._format import (

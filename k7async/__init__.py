@@ -13,6 +13,8 @@ One writer thread per queue (shared by every producer channel, sink and AsyncQue
 queue), one reader thread per consumer group channel; no storage logic here.
 """
 
+from k7core import __version__ as __version__
+
 from ._bridge import Payload as Payload
 from ._consumer import MessageStream as MessageStream
 from ._consumer import consumer_group_channel as consumer_group_channel

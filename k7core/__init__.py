@@ -36,7 +36,7 @@ from ._stats import RecoveryEvent as RecoveryEvent
 from ._stats import SegmentInfo as SegmentInfo
 from ._stats import SyncLatency as SyncLatency
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the distribution k7py's version too (pyproject.toml reads it)
 
 __all__ = [
     "LAG_COUNT_LIMIT",

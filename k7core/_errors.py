@@ -136,3 +136,15 @@ class StorageError(K7Error, OSError):
         # message and the hint.
         return str(self.args[0]) if self.args else super().__str__()
 
+
+
+class MissingExtraError(ModuleNotFoundError):
+    """An optional part of k7core was imported without the pip extra that installs what it
+    needs (``k7core.spark``: ``spark``, ``k7core.metrics``: ``metrics``, the CLI: ``cli``)."""
+
+    def __init__(self, what: str, extra: str, cause: ImportError) -> None:
+        super().__init__(
+            f"{what} needs the '{extra}' extra ({cause}): pip install 'k7py[{extra}]'",
+            name=cause.name,
+        )
+        self.extra = extra

@@ -1,4 +1,4 @@
-"""The ``k7`` command line (``pip install k7py[cli]``): inspect, verify, tail, produce,
+"""The ``k7`` command line (``pip install 'k7py[cli]'``): inspect, verify, tail, produce,
 manage groups, repair and benchmark a queue directory.
 
 Exit status: 0 success; 1 ``verify`` found corruption; 2 bad usage or argument; 3 the
@@ -15,17 +15,22 @@ import json
 import logging
 import mmap
 import os
+import re
+import shlex
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
+
+from ._errors import MissingExtraError
 
 try:
     import click
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -34,12 +39,10 @@ try:
         TimeRemainingColumn,
     )
     from rich.table import Table
-except ImportError as exc:  # pragma: no cover - only without the extra
-    raise SystemExit(
-        f"k7: the command line needs click and rich ({exc}): pip install 'k7py[cli]'"
-    ) from exc
+except ImportError as exc:
+    raise SystemExit(f"k7: {MissingExtraError('the command line', 'cli', exc)}") from exc
 
-from ._errors import CursorError, DataLossError, K7Error
+from ._errors import DataLossError, K7Error
 from ._format import (
     DEFAULT_SEGMENT_SIZE,
     FRAME_HEADER,
@@ -50,7 +53,7 @@ from ._format import (
 from ._group import check_cursor
 from ._kernel import SCAN_CORRUPT, SCAN_OK, ffi, lib
 from ._queue import Queue
-from ._stats import SegmentInfo, list_segment_infos, read_cursors
+from ._stats import LAG_COUNT_LIMIT, GroupInfo, SegmentInfo, list_segment_infos, read_cursors
 from ._storage import frames_end, last_data, lock_is_free, try_lock
 
 EXIT_CORRUPT = 1
@@ -63,25 +66,85 @@ class CliError(click.ClickException):
     exit_code = EXIT_ERROR
 
 
+def _message(exc: K7Error) -> str:
+    """``exc``'s message without its hint."""
+    return str(exc).removesuffix(f" ({exc.hint})") if exc.hint else str(exc)
+
+
+def _cli_text(exc: K7Error, params: Mapping[str, Any]) -> str:
+    """``exc``'s message, its hint said in the command line's terms (:func:`_cli_hint`)."""
+    if not exc.hint:
+        return str(exc)
+    return f"{_message(exc)} ({_cli_hint(exc.hint, params)})"
+
+
+def _cli_hint(hint: str, params: Mapping[str, Any]) -> str:
+    """A k7core hint, written for the Python API (``readonly=True``, ``seek(N)``,
+    ``segment_size``), with the commands and flags that do the same here. ``params`` are the
+    command's: its ``directory`` and ``group`` go into the commands it suggests."""
+    d = shlex.quote(str(params.get("directory") or "DIR"))
+    group = params.get("group")
+
+    def seek(off: str) -> str:
+        if group is None:
+            return f"`k7 tail {d} --from {off}`"
+        return f"`k7 group {d} seek {shlex.quote(group)} {off}`"
+
+    rules: list[tuple[str, str | Callable[[re.Match[str]], str]]] = [
+        (r"close the other Queue, or open this one with readonly=True",
+         "stop the process that writes to it; `k7 info`, `k7 tail` and `k7 verify` read a "
+         "queue while it is written"),
+        (r"raise segment_size", "produce into a new queue (--create) with a larger "
+                                "--segment-size"),
+        (r"a readonly Queue only reads segments, but each of its consumer groups creates and "
+         r"writes its cursor file", "`k7 info`, `k7 verify` and `k7 tail` without --group only "
+                                    "read; `k7 tail --group` and `k7 group seek` write the "
+                                    "group's cursor file"),
+        (r"seek\(queue\.earliest\(\)\)", seek("earliest")),
+        (r"seek\((\d+)\)|seek to (\d+)", lambda m: seek(m[1] or m[2])),
+    ]
+    for pattern, repl in rules:
+        hint = re.sub(pattern, repl if callable(repl) else lambda _, text=repl: text, hint)
+    return hint
+
+
+def _translated(ctx: click.Context, invoke: Callable[[click.Context], Any]) -> Any:
+    """Run a command; a ``K7Error`` becomes a clear message (its hint in the command line's
+    terms) and exit status 3."""
+    try:
+        return invoke(ctx)
+    except K7Error as exc:
+        params: dict[str, Any] = {}
+        c: click.Context | None = ctx
+        while c is not None:  # `k7 group DIR seek G N`: DIR is the parent command's
+            params, c = {**c.params, **params}, c.parent
+        raise CliError(f"{type(exc).__name__}: {_cli_text(exc, params)}") from exc
+
+
+class _Command(click.Command):
+    def invoke(self, ctx: click.Context) -> Any:
+        return _translated(ctx, super().invoke)
+
+
 class _Group(click.Group):
-    """Turns every ``K7Error`` into a clear message and exit status 3."""
+    """Its commands turn every ``K7Error`` into a clear message and exit status 3."""
+
+    command_class = _Command
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except K7Error as exc:
-            raise CliError(f"{type(exc).__name__}: {exc}") from exc
+        return _translated(ctx, super().invoke)
 
 
 def _err() -> Console:
     return Console(stderr=True)
 
 
-def _queue_dir(path: str) -> Path:
-    """``path`` as an existing queue directory, or a CliError that says what is wrong."""
+def _queue_dir(path: str, create_hint: str = "") -> Path:
+    """``path`` as an existing queue directory, or a CliError that says what is wrong
+    (followed by ``create_hint`` when a queue could be created there)."""
     d = Path(path)
     if not d.exists():
-        raise CliError(f"{d}: no such directory")
+        raise CliError(f"{d}: no such directory{create_hint}")
     if not d.is_dir():
         raise CliError(f"{d} is not a directory")
     try:
@@ -89,7 +152,7 @@ def _queue_dir(path: str) -> Path:
     except PermissionError as exc:
         raise CliError(f"{d}: {exc.strerror}") from exc
     if not segs:
-        raise CliError(f"{d} is not a k7 queue (it holds no seg-*.k7 file)")
+        raise CliError(f"{d} is not a k7 queue (it holds no seg-*.k7 file){create_hint}")
     return d
 
 
@@ -124,26 +187,37 @@ def info(directory: str, as_json: bool) -> None:
         click.echo(json.dumps(dataclasses.asdict(st), indent=2))
         return
     out = Console(width=max(100, shutil.get_terminal_size().columns))
-    out.print(f"[bold]{d}[/bold]  writer {'open' if st.writer_active else 'closed'}")
+    out.print(f"[bold]{escape(str(d))}[/bold]  writer {'open' if st.writer_active else 'closed'}")
     head = Table("earliest", "next offset", "log bytes", "segments", "on disk", box=None)
     head.add_row(str(st.earliest_offset), str(st.next_offset),
-                 str(st.next_offset - st.earliest_offset), str(st.segment_count),
+                 f"{st.next_offset - st.earliest_offset:,}", f"{st.segment_count:,}",
                  _human(st.disk_bytes))
     out.print(head)
     segs = Table("segment", "base", "data bytes", "file size", title="segments")
     for i, s in enumerate(st.segments):
         end = st.segments[i + 1].base if i + 1 < len(st.segments) else max(st.next_offset, s.base)
-        segs.add_row(segment_name(s.base), str(s.base), str(end - s.base), _human(s.size))
+        segs.add_row(segment_name(s.base), str(s.base), f"{end - s.base:,}", _human(s.size))
     out.print(segs)
-    if st.groups:
-        groups = Table("group", "committed", "lag bytes", "lag messages", "owner", title="groups")
-        for g in st.groups:
-            groups.add_row(g.name, str(g.committed), str(g.lag_bytes),
-                           "?" if g.lag_messages is None else str(g.lag_messages),
-                           "yes" if g.owned else "-")
-        out.print(groups)
-    else:
+    _print_groups(out, st.groups, title="groups")
+
+
+def _print_groups(out: Console, groups: Sequence[GroupInfo], title: str | None = None) -> None:
+    """The groups table of ``info`` and ``group list``: offsets as they are (to paste into
+    ``--from`` or ``seek``), counts with thousands separators, a note under a ``?``."""
+    if not groups:
         out.print("no consumer groups")
+        return
+    t = Table("group", "committed", "lag bytes", "lag messages", "owner", title=title)
+    for g in groups:
+        t.add_row(escape(g.name), str(g.committed), f"{g.lag_bytes:,}",
+                  "?" if g.lag_messages is None else f"{g.lag_messages:,}",
+                  "yes" if g.owned else "-")
+    out.print(t)
+    if any(g.lag_messages is None for g in groups):
+        out.print(f"?: lag messages not counted: they are counted (a scan of their frames) "
+                  f"only when the lag is at most {_human(LAG_COUNT_LIMIT)} "
+                  f"({LAG_COUNT_LIMIT:,} bytes) and its frames can be read; the lag in bytes "
+                  "is exact", highlight=False)
 
 
 def _human(n: int) -> str:
@@ -176,11 +250,11 @@ class _Problem:
             return (f"segment file too short: {segment_name(self.segment)} ends at position "
                     f"{self.offset - self.segment}, before its seal point {self.nbytes}")
         if self.kind == "beyond-seal":
-            return (f"note: {segment_name(self.segment)} holds {self.nbytes} bytes after its "
+            return (f"note: {segment_name(self.segment)} holds {self.nbytes:,} bytes after its "
                     f"sealed end (position {self.offset - self.segment}, where the next "
                     "segment starts): not part of the log and never read (a writer's "
                     "recovery, such as k7's on the JVM, leaves them)")
-        return (f"torn tail: {where}, {self.nbytes} bytes after the last valid frame "
+        return (f"torn tail: {where}, {self.nbytes:,} bytes after the last valid frame "
                 "(a writer's open cuts it; `k7 repair` does it now)")
 
     @property
@@ -299,21 +373,22 @@ def verify(directory: str) -> None:
         click.echo(f"bad cursor: {err}")
     problems = [p for p in problems if p.harmful]
     if problems or cursor_errors:
-        click.echo(f"{len(problems)} problem(s) in {len(segs)} segment(s); "
-                   f"{frames} valid frames; {len(cursor_errors)} bad cursor(s)")
+        click.echo(f"{len(problems):,} problem(s) in {len(segs):,} segment(s); "
+                   f"{frames:,} valid frames; {len(cursor_errors):,} bad cursor(s)")
         sys.exit(EXIT_CORRUPT)
-    click.echo(f"ok: {frames} frames in {len(segs)} segment(s), every CRC32C matches; "
+    click.echo(f"ok: {frames:,} frames in {len(segs):,} segment(s), every CRC32C matches; "
                "every cursor is a frame boundary")
 
 
-def _verify_cursors(d: Path, segs: list[SegmentInfo]) -> list[CursorError]:
-    """Each group's stored cursor must be a frame boundary of the log (or lie before it)."""
+def _verify_cursors(d: Path, segs: list[SegmentInfo]) -> list[str]:
+    """Each group's stored cursor must be a frame boundary of the log (or lie before it):
+    what is wrong with each that is not."""
     end = segs[-1].base + frames_end(d / segment_name(segs[-1].base)) if segs else 0
     out = []
     for name, committed in read_cursors(d):
         err = check_cursor(d, name, committed, end)
         if err is not None:
-            out.append(err)
+            out.append(_cli_text(err, {"directory": d, "group": name}))
     return out
 
 
@@ -353,6 +428,24 @@ def _start_offset(q: Queue, value: str) -> int:
     return off
 
 
+def _tail_start(q: Queue, value: str) -> int:
+    """``--from``: an offset past the end of the log is refused, also with ``--follow`` (it
+    is no frame boundary that the log could reach)."""
+    off = _start_offset(q, value)
+    if off > q.end:
+        raise click.BadParameter(
+            f"offset {off} is past the end of the log ({q.end}), so there is nothing to print; "
+            "`--from latest --follow` waits for new messages", param_hint="--from")
+    return off
+
+
+def _skip_lost(exc: DataLossError) -> int:
+    """Say that retention deleted what was to be read; the offset to go on from."""
+    _err().print(f"[yellow]warning:[/yellow] {escape(_message(exc))}; "
+                 f"jumping to {exc.earliest}")
+    return exc.earliest
+
+
 @cli.command()
 @click.argument("directory")
 @click.option("--group", "-g", help="Read as this consumer group, acking what is printed.")
@@ -371,18 +464,17 @@ def tail(directory: str, group: str | None, start: str | None, follow: bool, fmt
     left = max_n if max_n is not None else -1
     try:
         with Queue(d, readonly=True) as q:
+            first = None if start is None else _tail_start(q, start)
             if group is not None:
                 with q.consumer_group(group) as g:
-                    if start is not None:
-                        g.seek(_start_offset(q, start))
+                    if first is not None:
+                        g.seek(first)
                     while left:
                         try:
                             msgs = g.poll(max_batch=256 if left < 0 else min(256, left),
                                           timeout=0.2 if follow else 0)
                         except DataLossError as exc:
-                            _err().print(f"[yellow]warning:[/yellow] {exc}; "
-                                         f"jumping to {exc.earliest}")
-                            g.seek(exc.earliest)
+                            g.seek(_skip_lost(exc))
                             continue
                         if not msgs:
                             if not follow:
@@ -394,13 +486,12 @@ def tail(directory: str, group: str | None, start: str | None, follow: bool, fmt
                         g.ack_many(msgs)
                         left -= len(msgs) if left > 0 else 0
                 return
-            pos = _start_offset(q, start or "earliest")
+            pos = q.earliest() if first is None else first
             while left:
                 try:
                     batch = q.read_columnar(pos, 4096 if left < 0 else min(4096, left))
                 except DataLossError as exc:
-                    _err().print(f"[yellow]warning:[/yellow] {exc}; jumping to {exc.earliest}")
-                    pos = exc.earliest
+                    pos = _skip_lost(exc)
                     continue
                 if not len(batch):
                     if not follow:
@@ -452,7 +543,8 @@ def produce(directory: str, null: bool, batch: int, create: bool, segment_size: 
             raise click.BadParameter("a multiple of 8", param_hint="--segment-size")
         q = Queue(directory, segment_size=segment_size or DEFAULT_SEGMENT_SIZE, fsync=fsync)
     else:
-        q = _writer(_queue_dir(directory), fsync=fsync)
+        q = _writer(_queue_dir(directory, "; add --create to create a new queue there"),
+                    fsync=fsync)
     n, first, last = 0, -1, -1
     with q:
         pending: list[bytes] = []
@@ -467,7 +559,7 @@ def produce(directory: str, null: bool, batch: int, create: bool, segment_size: 
             first = offs[0] if first < 0 else first
             last, n = offs[-1], n + len(offs)
     where = f" (offsets {first}..{last})" if n else ""
-    _err().print(f"produced {n} message(s){where}")
+    _err().print(f"produced {n:,} message(s){where}")
 
 
 # ---------------------------------------------------------------------------------- group
@@ -498,15 +590,10 @@ def group_list(d: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(g) for g in groups], indent=2))
         return
-    t = Table("group", "committed", "lag bytes", "lag messages", "owner")
-    for g in groups:
-        t.add_row(g.name, str(g.committed), str(g.lag_bytes),
-                  "?" if g.lag_messages is None else str(g.lag_messages),
-                  "yes" if g.owned else "-")
-    Console(width=100).print(t if groups else "no consumer groups")
+    _print_groups(Console(width=100), groups)
 
 
-@group_cmd.command("seek")
+@group_cmd.command("seek", context_settings={"ignore_unknown_options": True})  # -8: an offset
 @click.argument("group")
 @click.argument("target", metavar="OFFSET|earliest|latest")
 @click.pass_obj
@@ -578,10 +665,10 @@ def repair(directory: str) -> None:
     for ev in events:
         if ev.kind == "torn-tail-cut":
             click.echo(f"cut the torn tail of {segment_name(ev.segment)} at offset {ev.offset}: "
-                       f"{ev.nbytes} bytes saved to {ev.side_file} and zeroed")
+                       f"{ev.nbytes:,} bytes saved to {ev.side_file} and zeroed")
         else:
             click.echo(f"re-created the short last segment {segment_name(ev.segment)} "
-                       f"({ev.nbytes} bytes) as an empty segment")
+                       f"({ev.nbytes:,} bytes) as an empty segment")
 
 
 # ---------------------------------------------------------------------------------- bench
@@ -627,7 +714,7 @@ def bench(seconds: float, size: int, fsync: str, where: str | None, as_json: boo
     t = Table("operation", "messages", "seconds", "msg/s", "MB/s",
               title=f"k7 bench: {size}-byte payloads, fsync={fsync}")
     for r in rows:
-        t.add_row(r["operation"], str(r["messages"]), f"{r['seconds']:.2f}",
+        t.add_row(r["operation"], f"{r['messages']:,}", f"{r['seconds']:.2f}",
                   f"{r['per_second']:,.0f}", f"{r['mb_per_second']:.1f}")
     Console().print(t)
 

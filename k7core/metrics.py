@@ -1,4 +1,4 @@
-"""Prometheus metrics for k7 queues (``pip install k7py[metrics]``).
+"""Prometheus metrics for k7 queues (``pip install 'k7py[metrics]'``).
 
     from prometheus_client import start_http_server
     from k7core.metrics import K7Collector
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from ._errors import MissingExtraError
+
 try:
     from prometheus_client.core import (
         CounterMetricFamily,
@@ -24,10 +26,8 @@ try:
         HistogramMetricFamily,
     )
     from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
-except ImportError as exc:  # pragma: no cover - only without the extra
-    raise ImportError(
-        f"k7core.metrics needs prometheus_client ({exc}): pip install 'k7py[metrics]'"
-    ) from exc
+except ImportError as exc:
+    raise MissingExtraError("k7core.metrics", "metrics", exc) from exc
 
 from ._group import ConsumerGroup
 from ._queue import Queue

@@ -17,7 +17,8 @@ def jvm_basic(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     """A writable copy of the queue written by the JVM k7, and its manifest."""
     src = FIXTURES / "basic"
     if not src.is_dir():
-        pytest.skip(f"k7-jvm fixtures not found at {src}")
+        pytest.skip(f"k7-jvm fixtures not found at {src}: they come from ../shared, the "
+                    "shared/ folder beside the repository")
     manifest = json.loads((src / "manifest.json").read_text())
     dst = tmp_path / "jvm-queue"
     shutil.copytree(src / manifest["queue_dir"], dst)

@@ -17,7 +17,6 @@ def _cdef() -> str:
     for ln in text.splitlines():
         if ln.startswith("#include"):
             continue
-        ln = ln.removeprefix("extern ")  # cffi declares globals without it
         m = re.match(r"#define (\w+) ", ln)
         lines.append(f"#define {m.group(1)} ..." if m else ln)
     return "\n".join(lines)

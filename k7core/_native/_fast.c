@@ -41,18 +41,18 @@ static int busy(unsigned long owner, const char *what) {
 /* enter() -> True when the calling thread now owns the object (call leave() after), False
  * when it already did (nested); raises ConcurrentUseError when another thread does. */
 #define GUARD_METHODS(Type, what)                                                 \
-    static PyObject *Type##_enter(Type *self, PyObject *unused) {                 \
+    static PyObject *Type##_enter(Type *self, PyObject *Py_UNUSED(unused)) {      \
         GUARD(self, what, NULL);                                                  \
         if (self->owner) Py_RETURN_FALSE;                                         \
         self->owner = PyThread_get_thread_ident();                                \
         Py_RETURN_TRUE;                                                           \
     }                                                                             \
-    static PyObject *Type##_leave(Type *self, PyObject *unused) {                 \
+    static PyObject *Type##_leave(Type *self, PyObject *Py_UNUSED(unused)) {      \
         self->owner = 0;                                                          \
         Py_RETURN_NONE;                                                           \
     }
 
-static PyObject *set_busy_error(PyObject *module, PyObject *cls) {
+static PyObject *set_busy_error(PyObject *Py_UNUSED(module), PyObject *cls) {
     if (!PyExceptionClass_Check(cls)) {
         PyErr_SetString(PyExc_TypeError, "set_busy_error: expected an exception class");
         return NULL;
@@ -124,7 +124,7 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-static PyObject *Appender_detach(Appender *self, PyObject *unused) {
+static PyObject *Appender_detach(Appender *self, PyObject *Py_UNUSED(unused)) {
     self->w = NULL;
     Py_RETURN_NONE;
 }
@@ -343,7 +343,7 @@ static PyObject *Fetcher_set_segment(Fetcher *self, PyObject *const *args, Py_ss
     Py_RETURN_NONE;
 }
 
-static PyObject *Fetcher_detach(Fetcher *self, PyObject *unused) {
+static PyObject *Fetcher_detach(Fetcher *self, PyObject *Py_UNUSED(unused)) {
     self->r = NULL;
     self->f = NULL;
     Py_CLEAR(self->view);
@@ -487,7 +487,7 @@ static PyTypeObject FetcherType = {
 
 /* set_fault_msync(errno): the fault-injection seam (k7core._faults) for this module's copy
  * of the kernel, which the fast paths use; the cffi module has its own. */
-static PyObject *set_fault_msync(PyObject *module, PyObject *arg) {
+static PyObject *set_fault_msync(PyObject *Py_UNUSED(module), PyObject *arg) {
     long v = PyLong_AsLong(arg);
     if (v == -1 && PyErr_Occurred()) return NULL;
     __atomic_store_n(&k7_fault_msync, (int32_t)v, __ATOMIC_RELAXED);
@@ -502,7 +502,7 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef fastmodule = {
     PyModuleDef_HEAD_INIT, "_fast", "CPython entry points for k7core's hot paths.", -1,
-    module_methods,
+    module_methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__fast(void) {

@@ -1,10 +1,11 @@
 """k7 queues as a PySpark data source: ``spark.dataSource.register(K7DataSource)``, then
 ``spark.read.format("k7").load(path)`` or ``spark.readStream.format("k7").load(path)``.
 
-Needs the ``spark`` extra (``pip install 'k7core[spark]'``: pyspark >= 4.0 and pyarrow;
-streaming needs pyspark >= 4.2). Every method runs in a Python worker process that Spark
-starts, never in the user's process, so the queue is opened ``readonly=True`` there (a live
-writer elsewhere is fine).
+Needs the ``spark`` extra (``pip install 'k7py[spark]'``: pyspark >= 4.2 and pyarrow); without
+it, importing this module raises a :class:`ModuleNotFoundError` that says so. Every method
+runs in a Python worker process that Spark starts, never in the user's process, so the queue
+is opened ``readonly=True`` there (a live writer elsewhere is fine). The workers must import
+this k7core: :func:`local_session` points ``PYSPARK_PYTHON`` at the running interpreter.
 
 Status: batch read, batch write (all or nothing), streaming read (read limits, availableNow,
 group cursor, failOnDataLoss) and streaming write (exactly once per batch id); the streaming
@@ -26,15 +27,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceArrowWriter,
-    DataSourceReader,
-    InputPartition,
-    WriterCommitMessage,
-)
-from pyspark.sql.types import BinaryType, StringType, StructType
+from .._errors import MissingExtraError
+
+try:
+    import pyarrow as pa
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceReader,
+        InputPartition,
+        WriterCommitMessage,
+    )
+    from pyspark.sql.types import BinaryType, StringType, StructType
+except ImportError as exc:
+    raise MissingExtraError("k7core.spark", "spark", exc) from exc
 
 from .. import Queue
 from .._errors import DataLossError, K7Error, NotAQueueError, QueueLockedError
@@ -171,7 +177,7 @@ def _needs_new_pyspark(exc: ImportError) -> K7Error:
 
     return K7Error(
         f"k7 streaming needs pyspark >= 4.2; this is pyspark {pyspark.__version__} ({exc})",
-        hint="pip install -U 'pyspark>=4.2'",
+        hint="pip install -U 'k7py[spark]'",
     )
 
 

@@ -247,3 +247,11 @@ def test_queue_wait_for_readers_without_a_group(tmp_path: Path) -> None:
                 ro.wait(end, -1)
         with pytest.raises(k7core.ClosedError):
             ro.wait(0, 0)
+
+
+def test_one_version_for_the_distribution_and_both_packages() -> None:
+    import importlib.metadata
+
+    import k7async
+
+    assert k7async.__version__ == k7core.__version__ == importlib.metadata.version("k7py")

@@ -31,9 +31,12 @@ def msg(i: int) -> bytes:
 
 @pytest.fixture
 def qdir(tmp_path: Path) -> Path:
+    return closed_queue(tmp_path / "q")
+
+
+def closed_queue(d: Path) -> Path:
     """A closed queue of 200 messages over several 4 KiB segments, groups a (60 acked) and
     b (nothing acked)."""
-    d = tmp_path / "q"
     with k7core.Queue(d, segment_size=SEG, fsync="flush") as q:
         q.enqueue_many([msg(i) for i in range(200)])
         with q.consumer_group("a") as a:
@@ -138,7 +141,8 @@ def test_verify_reports_a_cursor_inside_a_frame_or_past_the_end(qdir: Path) -> N
     assert r.returncode == 1, (r.stdout, r.stderr)
     out = r.stdout.decode()
     assert f"group 'a' is {offs[60] + 4}: inside a frame" in out
-    assert f"seek({offs[61]})" in out
+    assert f"`k7 group {qdir} seek a {offs[61]}` to continue from the next frame" in out
+    assert "seek(" not in out  # the hint names the command, not the Python call
     assert "group 'b' is 1000000000: beyond the end of the log" in out
     assert "0 problem(s) in" in out and "2 bad cursor(s)" in out
 
@@ -332,7 +336,7 @@ def test_verify_a_gap_and_a_short_sealed_segment(qdir: Path) -> None:
 
 
 def ok_frames(r: subprocess.CompletedProcess[bytes]) -> int:
-    return int(r.stdout.split(b"ok: ")[1].split()[0])
+    return int(r.stdout.split(b"ok: ")[1].split()[0].replace(b",", b""))
 
 
 def test_info_and_verify_on_the_jvm_fixture(jvm_basic: tuple[Path, dict[str, object]]) -> None:

@@ -14,6 +14,7 @@ from anyio.abc import ObjectReceiveStream
 
 import k7core
 from k7core import ConsumerGroup, Fsync, Message
+from k7core._checks import check_count, check_seconds
 
 from ._bridge import core_queue, notify
 
@@ -342,12 +343,11 @@ async def consumer_group_channel(
     ``receive`` after the messages delivered before it, or else by the context's exit.
     """
     core = core_queue(queue)
-    if not isinstance(max_batch, int) or max_batch < 1:
-        raise ValueError(f"max_batch must be an int >= 1, not {max_batch!r}")
-    if not isinstance(timeout, (int, float)) or not 0 < timeout <= 60:
-        raise ValueError(f"timeout must be seconds in (0, 60], not {timeout!r}")
+    max_batch = check_count(max_batch, "max_batch")
+    # bounded: the thread checks between polls whether to stop
+    seconds = check_seconds(timeout, "timeout", 60, positive=True)
     reader = _Reader(
-        core, group, max_batch=max_batch, timeout=float(timeout), auto_ack=auto_ack,
+        core, group, max_batch=max_batch, timeout=seconds, auto_ack=auto_ack,
         cursor_fsync=cursor_fsync,
     )
     reader.thread.start()

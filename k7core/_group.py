@@ -14,6 +14,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._checks import check_count, check_timeout
 from ._errors import (
     ClosedError,
     CorruptFrameError,
@@ -189,35 +190,39 @@ class ConsumerGroup(Resource):
 
     # ------------------------------------------------------------------ reading
 
-    def poll(self, max_batch: int = 256, timeout: float = 0.001) -> list[Message]:
-        """Return up to ``max_batch`` messages at once if any are visible; otherwise wait up
-        to ``timeout`` seconds (asleep, woken by the writer) for the first one."""
-        if max_batch <= self._cap and not self._redeliver and max_batch > 0:
-            msgs: list[Message] = self._fetch.read(max_batch)
-            if len(msgs) == max_batch:
-                return msgs
-            if msgs:
-                return self._read_on(msgs, max_batch)
+    def poll(self, max_batch: int = 256, timeout: float | None = 0.001) -> list[Message]:
+        """Return up to ``max_batch`` (1 .. ``MAX_BATCH``) messages at once if any are
+        visible; otherwise wait up to ``timeout`` seconds (asleep, woken by the writer; None
+        or ``math.inf``: until a message arrives) for the first one."""
+        try:
+            if max_batch <= self._cap and not self._redeliver and max_batch > 0:
+                msgs: list[Message] = self._fetch.read(max_batch, timeout)  # checks both
+                if len(msgs) == max_batch:
+                    return msgs
+                if msgs:
+                    return self._read_on(msgs, max_batch)
+        except TypeError:
+            pass  # an argument of the wrong type: the slow path says which
         return self._poll_slow(max_batch, timeout)
 
-    def _poll_slow(self, max_batch: int, timeout: float) -> list[Message]:
+    def _poll_slow(self, max_batch: int, timeout: float | None) -> list[Message]:
+        max_batch = check_count(max_batch, "max_batch")
+        seconds = check_timeout(timeout)
         with owned(self._fetch):
             if self._closed:
                 self._raise_closed()
             if self._bad_cursor is not None:
                 raise self._bad_cursor
-            if max_batch < 1:
-                raise ValueError("max_batch must be >= 1")
             if self._redeliver:
                 out = self._take_redeliveries(max_batch)
                 if len(out) == max_batch:
                     return out
                 return out + self._read(max_batch - len(out))
             msgs = self._read(max_batch)
-            if msgs or timeout <= 0:
+            if msgs or seconds == 0:
                 return msgs
             q = self.queue
-            deadline = time.monotonic() + timeout
+            deadline = time.monotonic() + seconds
             while True:
                 end = q._visible_end()
                 if end > self._rc.pos:

@@ -1,0 +1,144 @@
+"""Bad input gets a clear error (a K7Error, or a TypeError / ValueError that says what to
+do), never a raw OverflowError, MemoryError or UnicodeEncodeError, and never silent
+acceptance; and the inputs that look odd but are valid (no timeout, an infinite one) work."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import k7core
+from k7core import MAX_BATCH
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll a condition (not a synchronisation sleep: the loop checks the real state)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.0005)
+
+
+# ---------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [
+    ({"segment_size": True}, TypeError),
+    ({"segment_size": 4096.0}, TypeError),
+    ({"commit_interval": math.nan}, ValueError),
+    ({"commit_interval": True}, TypeError),
+    ({"commit_interval": "0.1"}, TypeError),
+    ({"retention_bytes": True}, TypeError),
+    ({"retention_bytes": 1.5}, TypeError),
+    ({"retention_bytes": -1}, ValueError),
+    ({"retention_age": math.nan}, ValueError),
+    ({"retention_age": False}, TypeError),
+    ({"retention_age": -1.0}, ValueError),
+    ({"file_mode": True}, TypeError),
+    ({"file_mode": 0o1600}, ValueError),
+])
+def test_queue_rejects_bools_nan_and_wrong_types(
+    tmp_path: Path, kwargs: dict[str, Any], error: type[Exception]
+) -> None:
+    name = next(iter(kwargs))
+    with pytest.raises(error, match=name):
+        k7core.Queue(tmp_path / "q", **kwargs)
+    assert not (tmp_path / "q").exists()  # refused before anything was created
+
+
+def test_queue_accepts_infinite_retention_age(tmp_path: Path) -> None:
+    with k7core.Queue(tmp_path / "q", retention_age=math.inf, retention_bytes=0) as q:
+        assert q.retention_age == math.inf and q.retention_bytes == 0
+
+
+# ---------------------------------------------------------------- timeouts
+
+
+@pytest.mark.parametrize("timeout", [None, math.inf, 1e300])
+def test_poll_without_a_limit_waits_for_a_message(tmp_path: Path, timeout: float | None) -> None:
+    """``timeout=None`` (as ``queue.Queue.get``), ``inf`` and a huge number wait until a
+    message arrives: the kernel's int64-nanosecond wait is taken in bounded slices."""
+    with k7core.Queue(tmp_path / "q", fsync="flush") as q, q.consumer_group("g") as g:
+        got: list[k7core.Message] = []
+        t = threading.Thread(target=lambda: got.extend(g.poll(max_batch=4, timeout=timeout)))
+        t.start()
+        wait_until(lambda: q._pub.waiters == 1)  # asleep in the kernel, nothing visible
+        off = q.enqueue(b"late")
+        t.join(10)
+        assert not t.is_alive()
+        assert [(m.offset, bytes(m.payload)) for m in got] == [(off, b"late")]
+
+
+@pytest.mark.parametrize("timeout", [None, math.inf, 1e300])
+def test_queue_wait_without_a_limit(tmp_path: Path, timeout: float | None) -> None:
+    with k7core.Queue(tmp_path / "q", fsync="flush") as q:
+        ends: list[int] = []
+        t = threading.Thread(target=lambda: ends.append(q.wait(0, timeout)))
+        t.start()
+        wait_until(lambda: q._pub.waiters == 1)
+        q.enqueue(b"x")
+        t.join(10)
+        assert ends == [q.end]
+
+
+BAD_TIMEOUTS: list[tuple[object, type[Exception]]] = [
+    (math.nan, ValueError), (-1, ValueError), (-0.5, ValueError), (-math.inf, ValueError),
+    (True, TypeError), ("1", TypeError), (b"", TypeError),
+]
+
+
+@pytest.mark.parametrize(("timeout", "error"), BAD_TIMEOUTS)
+def test_bad_timeouts_are_rejected_even_with_messages_waiting(
+    tmp_path: Path, timeout: object, error: type[Exception]
+) -> None:
+    """Checked on poll's fast path too (in C, at no cost for ordinary timeouts), with the
+    same message as on the slow path; nothing is delivered by the refused call."""
+    with k7core.Queue(tmp_path / "q", fsync="flush") as q, q.consumer_group("g") as g:
+        for visible in (False, True):
+            with pytest.raises(error, match="timeout must be") as info:
+                g.poll(max_batch=4, timeout=timeout)  # type: ignore[arg-type]
+            with pytest.raises(error, match="timeout must be") as again:
+                q.wait(0, timeout)  # type: ignore[arg-type]
+            assert str(info.value) == str(again.value)
+            if not visible:
+                q.enqueue_many([b"a", b"b"])
+        assert [bytes(m.payload) for m in g.poll(max_batch=4, timeout=0)] == [b"a", b"b"]
+
+
+# ---------------------------------------------------------------- batch sizes
+
+
+@pytest.mark.parametrize(("max_batch", "error"), [
+    (2**40, ValueError), (MAX_BATCH + 1, ValueError), (0, ValueError), (-3, ValueError),
+    (True, TypeError), (2.0, TypeError), (None, TypeError),
+])
+def test_poll_and_read_columnar_bound_the_batch(
+    tmp_path: Path, max_batch: object, error: type[Exception]
+) -> None:
+    with k7core.Queue(tmp_path / "q", fsync="flush") as q, q.consumer_group("g") as g:
+        q.enqueue_many([b"a", b"b"])
+        with pytest.raises(error, match="max_batch"):
+            g.poll(max_batch=max_batch, timeout=0)  # type: ignore[arg-type]
+        with pytest.raises(error, match="max_messages"):
+            q.read_columnar(0, max_messages=max_batch)  # type: ignore[arg-type]
+        assert len(g.poll(max_batch=MAX_BATCH, timeout=0)) == 2  # the maximum is fine
+        assert len(q.read_columnar(0, MAX_BATCH)) == 2
+
+
+# ---------------------------------------------------------------- messages
+
+
+@pytest.mark.parametrize("items", [b"abc", bytearray(b"abc"), memoryview(b"abc"), "abc", 5])
+def test_enqueue_many_needs_an_iterable_of_messages(tmp_path: Path, items: object) -> None:
+    with k7core.Queue(tmp_path / "q", fsync="flush") as q:
+        with pytest.raises(TypeError, match="needs an iterable of bytes-like messages") as info:
+            q.enqueue_many(items)  # type: ignore[arg-type]
+        assert type(items).__name__ in str(info.value)
+        assert q.end == 0
+        assert q.enqueue_many(iter([b"abc"])) == [0]  # any iterable of messages is fine

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import InvalidNameError
-from ._format import CURSOR_PREFIX, SEGMENT_RE, check_group_name
+from ._format import CURSOR_PREFIX, check_group_name, segment_base
 from ._storage import lock_is_free
 
 #: ``lag_messages`` is counted (a CRC-checked scan of the frames) only when the lag is at
@@ -164,12 +164,12 @@ def list_segment_infos(directory: Path) -> list[SegmentInfo]:
     """The segment files, oldest first (a file deleted while listing is skipped)."""
     out = []
     for name in os.listdir(directory):
-        m = SEGMENT_RE.match(name)
-        if not m:
+        base = segment_base(name, directory)
+        if base is None:
             continue
         with contextlib.suppress(FileNotFoundError):
             st = os.stat(directory / name)
-            out.append(SegmentInfo(int(m.group(1)), st.st_size, st.st_blocks * 512, st.st_mtime))
+            out.append(SegmentInfo(base, st.st_size, st.st_blocks * 512, st.st_mtime))
     out.sort(key=lambda s: s.base)
     return out
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import StorageError
-from ._format import SEGMENT_RE, segment_name
+from ._format import segment_base, segment_name
 from ._kernel import ffi, lib
 
 
@@ -163,9 +163,9 @@ def list_segments(directory: Path) -> list[int]:
             if exc.errno in (errno.EACCES, errno.EPERM) else None,
         ) from exc
     for name in names:
-        m = SEGMENT_RE.match(name)
-        if m:
-            bases.append(int(m.group(1)))
+        base = segment_base(name, directory)
+        if base is not None:
+            bases.append(base)
     bases.sort()
     return bases
 

@@ -142,3 +142,29 @@ def test_enqueue_many_needs_an_iterable_of_messages(tmp_path: Path, items: objec
         assert type(items).__name__ in str(info.value)
         assert q.end == 0
         assert q.enqueue_many(iter([b"abc"])) == [0]  # any iterable of messages is fine
+
+
+# ---------------------------------------------------------------- names
+
+
+def test_segment_base_beyond_int64_is_a_storage_error(tmp_path: Path) -> None:
+    qdir = tmp_path / "q"
+    with k7core.Queue(qdir, fsync="flush") as q:
+        q.enqueue(b"x")
+    for name in ("seg-99999999999999999999.k7", f"seg-{2**63:020d}.k7"):
+        (qdir / name).write_bytes(b"")
+        for readonly in (False, True):
+            with pytest.raises(k7core.StorageError, match="does not fit in 64 bits") as info:
+                k7core.Queue(qdir, readonly=readonly)
+            assert info.value.path == str(qdir / name) and name in str(info.value)
+        (qdir / name).unlink()
+    (qdir / f"seg-{2**63 - 1:020d}.k7").write_bytes(b"")  # the largest base is a base
+    k7core.Queue(qdir, readonly=True).close()
+
+
+@pytest.mark.parametrize("name", ["\ud800x", "a\udcff", "\udfff"])
+def test_group_name_that_is_not_utf8_is_an_invalid_name(tmp_path: Path, name: str) -> None:
+    with k7core.Queue(tmp_path / "q", fsync="flush") as q:
+        with pytest.raises(k7core.InvalidNameError, match="not valid Unicode"):
+            q.consumer_group(name)
+        assert [p.name for p in (tmp_path / "q").iterdir() if "cursor" in p.name] == []

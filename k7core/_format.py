@@ -6,10 +6,12 @@ import enum
 import errno
 import os
 import re
+import struct
 
 from ._errors import StorageError
 
 FRAME_HEADER = 10
+FRAME_MAGIC = b"K\x01"  # the first two bytes of every frame: magic 0x4B, flags "committed"
 FRAME_ALIGN = 8
 MAX_PAYLOAD = 2**31 - 1
 MAX_OFFSET = 2**63 - 1  # offsets are int64 on disk (cursors) and in the kernel
@@ -77,6 +79,21 @@ def segment_base(name: str, directory: str | os.PathLike[str]) -> int | None:
             hint="no k7 writer creates such a file: move it out of the queue directory",
         )
     return base
+
+
+_CURSOR = struct.Struct(">q")
+
+
+def decode_cursor(head: bytes) -> int:
+    """The committed offset in the first bytes of a cursor file: a big-endian signed int64
+    at byte 0 (as the kernel's ``k7_cursor_load`` reads it); 0 for a file shorter than
+    that (being created)."""
+    return int(_CURSOR.unpack_from(head)[0]) if len(head) >= _CURSOR.size else 0
+
+
+def encode_cursor(offset: int) -> bytes:
+    """The first bytes of a cursor file that holds ``offset`` (see :func:`decode_cursor`)."""
+    return _CURSOR.pack(offset)
 
 
 def cursor_name(group: str) -> str:

@@ -739,6 +739,16 @@ class Queue(Resource):
         end: int = lib.k7_load_end(self._pub)
         return end if end > self._floor_end else self._floor_end
 
+    def _readable_end(self) -> int:
+        """Up to where a group may be positioned: the visible end, or with ``fsync="async"``
+        what this writer has written (visible within ``commit_interval``)."""
+        w, fl = self._w, self._r.flusher
+        if w is None or fl is None:
+            return self._visible_end()
+        with fl.lock:  # a roll moves base and pos together under it
+            written = int(w.base + w.pos)
+        return max(written, self._visible_end())
+
     def _segment_bases(self, refresh: bool = False) -> list[int]:
         if refresh or not self._bases:
             self._bases = list_segments(self.path)

@@ -8,13 +8,12 @@ import contextlib
 import errno
 import os
 import stat
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._errors import InvalidNameError
-from ._format import CURSOR_PREFIX, check_group_name, segment_base
+from ._format import CURSOR_PREFIX, check_group_name, decode_cursor, segment_base
 from ._storage import lock_is_free
 
 #: ``lag_messages`` is counted (a CRC-checked scan of the frames) only when the lag is at
@@ -196,8 +195,7 @@ def read_cursors(directory: Path) -> list[tuple[str, int]]:
             head = os.pread(fd, 8, 0)
         finally:
             os.close(fd)
-        committed = struct.unpack(">q", head)[0] if len(head) == 8 else 0
-        out.append((name[len(CURSOR_PREFIX) : -3], int(committed)))
+        out.append((name[len(CURSOR_PREFIX) : -3], decode_cursor(head)))
     out.sort()
     return out
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import StorageError
-from ._format import segment_base, segment_name
-from ._kernel import ffi, lib
+from ._format import FRAME_ALIGN, FRAME_HEADER, FRAME_MAGIC, segment_base, segment_name
+from ._kernel import SCAN_OK, ffi, lib
 
 
 class Mapping:
@@ -327,6 +327,59 @@ def frames_end(path: Path) -> int:
         return int(lib.k7_scan_end(m.ptr, m.size, count, status))
     finally:
         m.close()
+
+
+def _valid_frames(m: Mapping, pos: int, limit: int, max_n: int) -> tuple[list[int], int, int]:
+    """The start positions of up to ``max_n`` valid (CRC-checked) frames of the mapped
+    segment ``m`` from ``pos``, ending by ``limit``; where the scan stopped; its status."""
+    starts, lens = ffi.new("int64_t[]", max_n), ffi.new("int64_t[]", max_n)
+    nxt, status = ffi.new("int64_t *"), ffi.new("int32_t *")
+    n = int(lib.k7_scan(m.ptr, m.size, pos, limit, max_n, starts, lens, nxt, status))
+    return [int(starts[i]) - FRAME_HEADER for i in range(n)], int(nxt[0]), int(status[0])
+
+
+def next_frame(m: Mapping, start: int, limit: int) -> int:
+    """The first 8-aligned position in [start, limit) of the mapped segment ``m`` where a
+    valid frame (CRC-checked, ending by ``limit``) starts; ``limit`` when there is none.
+    Where reading resumes after damage (``k7 verify`` and the readers' hints)."""
+    mm = m.mm
+    assert mm is not None
+    pos = start + -start % FRAME_ALIGN
+    while pos < limit:
+        pos = mm.find(FRAME_MAGIC, pos, limit)
+        if pos < 0:
+            break
+        if pos % FRAME_ALIGN == 0 and _valid_frames(m, pos, limit, 1)[0]:
+            return pos
+        pos += FRAME_ALIGN - pos % FRAME_ALIGN
+    return limit
+
+
+def frame_start_error(m: Mapping, local: int, limit: int) -> tuple[int, int] | None:
+    """None when a reader may start at position ``local`` of the mapped segment ``m``
+    (whose frames end by ``limit``): a frame boundary on the chain of frame headers from
+    position 0 (one header walk), or, where the valid frames from 0 break off before it
+    (damage), the start of a valid frame. Else ``(start, after)``: the start of the valid
+    frame that holds ``local`` (-1 after damage) and the next position a reader may start
+    at (``limit`` when none is found)."""
+    if int(lib.k7_walk(m.ptr, m.size, 0, local)) == local:
+        return None
+    pos = prev = 0
+    while True:  # rare (a refused offset, or one past damage): follow the valid frames
+        starts, pos, status = _valid_frames(m, pos, limit, 4096)
+        for start in starts:
+            if start == local:
+                return None
+            if start > local:
+                return prev, start
+            prev = start
+        if status != SCAN_OK or not starts or pos >= limit:
+            break
+    if pos >= local:  # the valid frames reach it, or it lies in the last of them
+        return None if pos == local else (prev, pos)
+    if local % FRAME_ALIGN == 0 and _valid_frames(m, local, limit, 1)[0]:
+        return None  # damage before it, a valid frame at it
+    return -1, next_frame(m, local, limit)
 
 
 def data_regions(path: Path, start: int, size: int) -> list[tuple[int, int]]:

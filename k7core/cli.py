@@ -45,6 +45,7 @@ from ._format import (
     FRAME_HEADER,
     WRITER_LOCK,
     cursor_name,
+    decode_cursor,
     segment_name,
 )
 from ._group import check_cursor
@@ -503,22 +504,18 @@ def group_seek(d: Path, group: str, target: str) -> None:
     _existing_group(d, group)
     with Queue(d, readonly=True) as q:
         off = _start_offset(q, target)
-        earliest, end = q.earliest(), q.end
-        if not earliest <= off <= end:
-            raise click.BadParameter(
-                f"offset {off} is outside the log [{earliest}, {end}]", param_hint="OFFSET"
-            )
-        if off < end:
-            try:
-                q.read_columnar(off, 1)
-            except K7Error:
-                raise click.BadParameter(
-                    f"offset {off} is not the start of a valid frame", param_hint="OFFSET"
-                ) from None
         with q.consumer_group(group, cursor_fsync="sync") as g:
             before = g.committed
-            g.seek(off)
+            try:
+                g.seek(off)  # checks the offset as the library does
+            except CursorError as exc:
+                raise click.BadParameter(str(exc), param_hint="OFFSET") from None
+        earliest = q.earliest()
     click.echo(f"group {group!r}: committed {before} -> {off}")
+    if off < earliest:
+        _err().print(f"[yellow]note:[/yellow] {off} is before the earliest offset {earliest} "
+                     "(deleted by retention): the group's next poll reports DataLossError, "
+                     f"or jumps to {earliest} with on_data_loss='earliest'")
 
 
 @group_cmd.command("delete")
@@ -531,7 +528,7 @@ def group_delete(d: Path, group: str) -> None:
     try:
         if not try_lock(fd):
             raise CliError(f"group {group!r} is owned by a running consumer; close it first")
-        committed = int.from_bytes(os.pread(fd, 8, 0).rjust(8, b"\0"), "big", signed=True)
+        committed = decode_cursor(os.pread(fd, 8, 0))
         os.unlink(path)
     finally:
         os.close(fd)

@@ -168,3 +168,99 @@ def test_group_name_that_is_not_utf8_is_an_invalid_name(tmp_path: Path, name: st
         with pytest.raises(k7core.InvalidNameError, match="not valid Unicode"):
             q.consumer_group(name)
         assert [p.name for p in (tmp_path / "q").iterdir() if "cursor" in p.name] == []
+
+
+# ---------------------------------------------------------------- offsets
+
+
+def _queue_of(qdir: Path, n: int, **kwargs: Any) -> list[int]:
+    with k7core.Queue(qdir, segment_size=1024, fsync="flush", **kwargs) as q:
+        return q.enqueue_many([b"m%03d" % i for i in range(n)])
+
+
+def test_seek_refuses_an_offset_inside_a_frame(tmp_path: Path) -> None:
+    """seek(3) was accepted and the next poll raised "corrupt frame"."""
+    offs = _queue_of(tmp_path / "q", 100)
+    with k7core.Queue(tmp_path / "q") as q, q.consumer_group("g") as g:
+        for bad, before, after in ((3, offs[0], offs[1]), (offs[60] + 8, offs[60], offs[61])):
+            with pytest.raises(k7core.CursorError) as info:
+                g.seek(bad)
+            err = info.value
+            assert isinstance(err, ValueError)
+            assert (err.offset, err.boundary, err.end) == (bad, after, q.end)
+            assert f"it starts at {before}, the next one at {after}" in str(err)
+            assert f"seek({after})" in str(err) and g.committed == 0  # nothing moved
+        g.seek(offs[61])
+        assert [m.offset for m in g.poll(max_batch=2, timeout=0)] == offs[61:63]
+
+
+def test_seek_refuses_an_offset_past_the_end(tmp_path: Path) -> None:
+    """seek(10**9) was accepted and the group then never received new messages."""
+    _queue_of(tmp_path / "q", 10)
+    with k7core.Queue(tmp_path / "q", fsync="flush") as q, q.consumer_group("g") as g:
+        end = q.end
+        for bad in (end + 8, 10**9, 2**64, 2**100):
+            with pytest.raises(k7core.CursorError, match=f"beyond the end of the log .{end}."):
+                g.seek(bad)
+        for bad in (-8, -(2**64)):
+            with pytest.raises(k7core.CursorError, match="negative"):
+                g.seek(bad)
+        g.seek(end)  # exactly the end is valid: the group gets what comes next
+        off = q.enqueue(b"new")
+        assert [m.offset for m in g.poll(max_batch=5, timeout=0)] == [off]
+        assert g.lag == q.end - off
+
+
+@pytest.mark.parametrize("offset", [True, False, 8.0, "8", None])
+def test_seek_wants_an_int(tmp_path: Path, offset: object) -> None:
+    _queue_of(tmp_path / "q", 3)
+    with k7core.Queue(tmp_path / "q") as q, q.consumer_group("g") as g, pytest.raises(
+        TypeError, match="offset must be an int"
+    ):
+        g.seek(offset)  # type: ignore[arg-type]
+
+
+def test_ack_and_nack_of_offsets_beyond_int64(tmp_path: Path) -> None:
+    """ack(2**70) raised OverflowError: no such offset is in flight."""
+    offs = _queue_of(tmp_path / "q", 3)
+    with k7core.Queue(tmp_path / "q") as q, q.consumer_group("g") as g:
+        msgs = g.poll(max_batch=3, timeout=0)
+        for huge in (2**70, -(2**70), 2**63):
+            assert g.ack(huge) is False and g.nack(huge) is False
+            assert g.ack_many([huge]) == 0
+        for flag in (True, False):
+            for call in (g.ack, g.nack, lambda m: g.ack_many([m])):
+                with pytest.raises(TypeError, match="not bool"):
+                    call(flag)
+        assert g.in_flight == 3
+        assert g.ack_many(msgs) == 3 and g.committed == q.end and offs == [m.offset for m in msgs]
+
+
+def test_seek_before_the_earliest_segment(tmp_path: Path) -> None:
+    """Allowed (seek(0) replays whatever is left): poll then reports the deleted part as
+    the group's on_data_loss says."""
+    qdir = tmp_path / "q"
+    offs = _queue_of(qdir, 200)
+    with k7core.Queue(qdir, segment_size=1024, retention_bytes=0) as q:
+        earliest = q.earliest()
+        assert earliest > offs[0]
+        with q.consumer_group("g") as g:
+            g.seek(0)
+            with pytest.raises(k7core.DataLossError) as info:
+                g.poll(timeout=0)
+            assert info.value.earliest == earliest
+        with q.consumer_group("h", on_data_loss="earliest") as h:
+            h.seek(offs[1])
+            assert h.poll(max_batch=1, timeout=0)[0].offset == earliest
+
+
+def test_seek_to_what_an_async_writer_wrote_but_not_yet_published(tmp_path: Path) -> None:
+    with k7core.Queue(tmp_path / "q", fsync="async", commit_interval=10) as q:
+        q.sync()
+        with q.consumer_group("g") as g:
+            offs = q.enqueue_many([b"a", b"b"])
+            g.seek(offs[1])  # the writer knows it is a frame boundary
+            with pytest.raises(k7core.CursorError, match="inside a frame"):
+                g.seek(offs[1] + 8)
+            q.sync()
+            assert [bytes(m.payload) for m in g.poll(timeout=0)] == [b"b"]

@@ -539,8 +539,8 @@ def check_offset(
     where = (
         f"inside a frame of {segment_name(base)} (it starts at {start}, the next one at "
         f"{boundary})" if start >= base else
-        f"not the start of a valid frame of {segment_name(base)}, which is damaged before "
-        f"it (the next valid position is {boundary})"
+        f"not the start of a valid frame of {segment_name(base)}, which is damaged at or "
+        f"before it (the next valid position is {boundary})"
     )
     return CursorError(
         f"{said} {offset}: {where}",

@@ -13,7 +13,6 @@ import dataclasses
 import errno
 import json
 import logging
-import mmap
 import os
 import shutil
 import sys
@@ -39,9 +38,10 @@ except ImportError as exc:  # pragma: no cover - only without the extra
         f"k7: the command line needs click and rich ({exc}): pip install 'k7py[cli]'"
     ) from exc
 
-from ._errors import CursorError, DataLossError, K7Error
+from ._errors import CursorError, DataLossError, K7Error, StorageError
 from ._format import (
     DEFAULT_SEGMENT_SIZE,
+    FRAME_ALIGN,
     FRAME_HEADER,
     WRITER_LOCK,
     cursor_name,
@@ -52,7 +52,7 @@ from ._group import check_cursor
 from ._kernel import SCAN_CORRUPT, SCAN_OK, ffi, lib
 from ._queue import Queue
 from ._stats import SegmentInfo, list_segment_infos, read_cursors
-from ._storage import data_regions, frames_end, lock_is_free, try_lock
+from ._storage import data_regions, frames_end, lock_is_free, map_file, next_frame, try_lock
 
 EXIT_CORRUPT = 1
 EXIT_ERROR = 3
@@ -180,35 +180,25 @@ class _Problem:
                 "(a writer's open cuts it; `k7 repair` does it now)")
 
 
-def _map_readonly(path: Path) -> mmap.mmap | None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) if size else None
-    finally:
-        os.close(fd)
-
-
 def _verify_segment(
     path: Path, base: int, limit: int | None, advance: Any, problems: list[_Problem]
 ) -> int:
     """CRC-check every frame of one segment (``limit``: where a sealed segment was sealed,
     i.e. where its data must end; None for the last one). Returns the valid frames."""
-    mm = _map_readonly(path)
-    if mm is None:
+    m = map_file(path, writable=False)
+    if m is None:
         if limit:
             problems.append(_Problem("short-segment", base, base, limit))
         return 0
     chunk = 65536
     starts, lens = ffi.new("int64_t[]", chunk), ffi.new("int64_t[]", chunk)
     nxt, status = ffi.new("int64_t *"), ffi.new("int32_t *")
-    buf = ffi.from_buffer(mm)
-    size = len(mm)
+    size = m.size
     end = size if limit is None else min(limit, size)
     pos = frames = 0
     try:
         while pos < end:
-            frames += int(lib.k7_scan(buf, size, pos, end, chunk, starts, lens, nxt, status))
+            frames += int(lib.k7_scan(m.ptr, size, pos, end, chunk, starts, lens, nxt, status))
             advance(int(nxt[0]) - pos)
             pos = int(nxt[0])
             st = int(status[0])
@@ -219,37 +209,21 @@ def _verify_segment(
             # a sealed segment's frames run up to its seal point without a break
             kind = "corrupt-frame" if st == SCAN_CORRUPT else "missing-data"
             problems.append(_Problem(kind, base, base + pos))
-            resync = _resync(mm, buf, pos + 8, end)
+            resync = next_frame(m, pos + FRAME_ALIGN, end)
             advance(resync - pos)
             pos = resync
         if limit is None:
             last = pos
             for lo, hi in data_regions(path, pos, size):
-                last = max(last, int(lib.k7_last_nonzero(buf, max(lo, pos), hi)))
+                last = max(last, int(lib.k7_last_nonzero(m.ptr, max(lo, pos), hi)))
             if last > pos:
                 problems.append(_Problem("torn-tail", base, base + pos, last - pos))
         elif size < limit:
             problems.append(_Problem("short-segment", base, base + size, limit))
         advance(max(0, size - pos))
     finally:
-        ffi.release(buf)
-        mm.close()
+        m.close()
     return frames
-
-
-def _resync(mm: mmap.mmap, buf: Any, start: int, end: int) -> int:
-    """The next 8-aligned position in [start, end) that holds a valid frame, else ``end``."""
-    one_s, one_l = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
-    nxt, status = ffi.new("int64_t *"), ffi.new("int32_t *")
-    pos = start
-    while pos < end:
-        pos = mm.find(b"K\x01", pos, end)
-        if pos < 0:
-            return end
-        if pos % 8 == 0 and lib.k7_scan(buf, len(mm), pos, end, 1, one_s, one_l, nxt, status):
-            return pos
-        pos += 1
-    return end
 
 
 @cli.command()
@@ -280,7 +254,9 @@ def verify(directory: str) -> None:
             try:
                 frames += _verify_segment(d / segment_name(s.base), s.base, limit, advance,
                                           problems)
-            except FileNotFoundError:
+            except StorageError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
                 continue  # deleted by retention while we were verifying
     cursor_errors = _verify_cursors(d, segs)
     for p in problems:

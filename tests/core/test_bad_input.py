@@ -264,3 +264,50 @@ def test_seek_to_what_an_async_writer_wrote_but_not_yet_published(tmp_path: Path
                 g.seek(offs[1] + 8)
             q.sync()
             assert [bytes(m.payload) for m in g.poll(timeout=0)] == [b"b"]
+
+
+# ---------------------------------------------------------------- after a corrupt frame
+
+
+def _poll_all(g: k7core.ConsumerGroup, out: list[int]) -> list[int]:
+    while batch := g.poll(max_batch=64, timeout=0):
+        out += [m.offset for m in batch]
+    return out
+
+
+@pytest.mark.parametrize("damage", ["payload", "length", "last"])
+def test_corrupt_frame_hint_names_the_next_valid_frame(tmp_path: Path, damage: str) -> None:
+    """The hint used to name the next segment: following it threw away the good frames in
+    between. It names the next valid frame now (the search ``k7 verify`` resynchronises
+    with), an offset ``seek`` accepts even when the damaged header misleads a header walk."""
+    qdir = tmp_path / "q"
+    with k7core.Queue(qdir, segment_size=4096, fsync="flush") as q:
+        offs = q.enqueue_many([b"message %03d" % i for i in range(300)])
+        end = q.end
+        bases = [sg.base for sg in q.stats().segments]
+    # in a sealed segment; or the log's last frame, kept as it is by a readonly reader
+    k = 299 if damage == "last" else 100
+    base = bases[-1] if damage == "last" else bases[0]
+    assert base <= offs[k] < (end if damage == "last" else bases[1])
+    with open(qdir / f"seg-{base:020d}.k7", "r+b") as f:
+        if damage == "length":  # magic intact, a length that leads the walk astray
+            f.seek(offs[k] - base + 2)
+            f.write((3000).to_bytes(4, "big"))
+        else:
+            f.seek(offs[k] - base + 10)
+            f.write(b"X")
+    resume = end if damage == "last" else offs[k + 1]
+    with k7core.Queue(qdir, readonly=damage == "last") as q, q.consumer_group("g") as g:
+        got: list[int] = []
+        with pytest.raises(k7core.CorruptFrameError) as info:
+            _poll_all(g, got)
+        assert got == offs[:k] and info.value.offset == offs[k]
+        assert f"seek to {resume} " in str(info.value)
+        with pytest.raises(k7core.CorruptFrameError) as bulk:
+            q.read_columnar(offs[k])
+        assert bulk.value.hint == info.value.hint  # one reader, one hint
+        g.seek(resume)  # accepted
+        assert _poll_all(g, []) == offs[k + 1:]
+        with pytest.raises(k7core.CursorError, match="damaged at or before it") as refused:
+            g.seek(offs[k] + 8)  # past the damage, but not where a frame starts
+        assert refused.value.boundary == resume

@@ -15,6 +15,7 @@ import pytest
 
 import k7core
 from k7core import MAX_BATCH
+from k7core._format import decode_cursor, encode_cursor
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -264,6 +265,21 @@ def test_seek_to_what_an_async_writer_wrote_but_not_yet_published(tmp_path: Path
                 g.seek(offs[1] + 8)
             q.sync()
             assert [bytes(m.payload) for m in g.poll(timeout=0)] == [b"b"]
+
+
+@pytest.mark.parametrize("value", [-8, -(2**63), 2**63 - 1, 0, 4096])
+def test_one_cursor_codec_agrees_with_the_kernel(tmp_path: Path, value: int) -> None:
+    """What Python tools read from a cursor file (stats, the CLI, Spark) is what the
+    group's kernel reads: a big-endian signed int64 at byte 0."""
+    _queue_of(tmp_path / "q", 3)
+    cursor = tmp_path / "q" / "cursor-g.k7"
+    with k7core.Queue(tmp_path / "q") as q:
+        q.consumer_group("g").close()
+        with open(cursor, "r+b") as f:
+            f.write(encode_cursor(value))
+        with q.consumer_group("g") as g:
+            assert g.committed == value == decode_cursor(cursor.read_bytes())
+        assert [gi.committed for gi in q.stats().groups] == [value]
 
 
 # ---------------------------------------------------------------- after a corrupt frame

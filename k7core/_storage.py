@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import StorageError
-from ._format import FRAME_ALIGN, FRAME_HEADER, FRAME_MAGIC, segment_base, segment_name
-from ._kernel import SCAN_OK, ffi, lib
+from ._format import FRAME_ALIGN, FRAME_MAGIC, segment_base, segment_name
+from ._kernel import ffi, lib
 
 
 class Mapping:
@@ -323,19 +323,25 @@ def frames_end(path: Path) -> int:
     if m is None:
         return 0
     try:
-        count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
-        return int(lib.k7_scan_end(m.ptr, m.size, count, status))
+        return valid_end(m, m.size)
     finally:
         m.close()
 
 
-def _valid_frames(m: Mapping, pos: int, limit: int, max_n: int) -> tuple[list[int], int, int]:
-    """The start positions of up to ``max_n`` valid (CRC-checked) frames of the mapped
-    segment ``m`` from ``pos``, ending by ``limit``; where the scan stopped; its status."""
-    starts, lens = ffi.new("int64_t[]", max_n), ffi.new("int64_t[]", max_n)
+def valid_end(m: Mapping, limit: int) -> int:
+    """Where the valid (CRC-checked) frames of the mapped segment ``m`` from position 0
+    stop, by ``limit``: at the first that is not valid or does not end by ``limit``."""
+    count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
+    return int(lib.k7_scan_end(m.ptr, min(limit, m.size), count, status))
+
+
+def _frame_end(m: Mapping, pos: int, limit: int) -> int:
+    """Where the valid frame at ``pos`` of the mapped segment ``m`` ends (by ``limit``);
+    -1 when no valid frame starts there."""
+    out = ffi.new("int64_t[2]")
     nxt, status = ffi.new("int64_t *"), ffi.new("int32_t *")
-    n = int(lib.k7_scan(m.ptr, m.size, pos, limit, max_n, starts, lens, nxt, status))
-    return [int(starts[i]) - FRAME_HEADER for i in range(n)], int(nxt[0]), int(status[0])
+    n = lib.k7_scan(m.ptr, m.size, pos, limit, 1, out, out + 1, nxt, status)
+    return int(nxt[0]) if n else -1
 
 
 def next_frame(m: Mapping, start: int, limit: int) -> int:
@@ -349,7 +355,7 @@ def next_frame(m: Mapping, start: int, limit: int) -> int:
         pos = mm.find(FRAME_MAGIC, pos, limit)
         if pos < 0:
             break
-        if pos % FRAME_ALIGN == 0 and _valid_frames(m, pos, limit, 1)[0]:
+        if pos % FRAME_ALIGN == 0 and _frame_end(m, pos, limit) >= 0:
             return pos
         pos += FRAME_ALIGN - pos % FRAME_ALIGN
     return limit
@@ -364,20 +370,13 @@ def frame_start_error(m: Mapping, local: int, limit: int) -> tuple[int, int] | N
     at (``limit`` when none is found)."""
     if int(lib.k7_walk(m.ptr, m.size, 0, local)) == local:
         return None
-    pos = prev = 0
-    while True:  # rare (a refused offset, or one past damage): follow the valid frames
-        starts, pos, status = _valid_frames(m, pos, limit, 4096)
-        for start in starts:
-            if start == local:
-                return None
-            if start > local:
-                return prev, start
-            prev = start
-        if status != SCAN_OK or not starts or pos >= limit:
-            break
-    if pos >= local:  # the valid frames reach it, or it lies in the last of them
-        return None if pos == local else (prev, pos)
-    if local % FRAME_ALIGN == 0 and _valid_frames(m, local, limit, 1)[0]:
+    pos = valid_end(m, local)  # rare (refused, or past damage): a CRC scan up to it
+    if pos == local:
+        return None
+    end = _frame_end(m, pos, limit)
+    if end >= 0:  # a valid frame from before ``local`` holds it
+        return pos, end
+    if local % FRAME_ALIGN == 0 and _frame_end(m, local, limit) >= 0:
         return None  # damage before it, a valid frame at it
     return -1, next_frame(m, local, limit)
 

@@ -15,6 +15,7 @@ from anyio.abc import ObjectReceiveStream
 import k7core
 from k7core import ConsumerGroup, Fsync, Message
 from k7core._checks import check_count, check_seconds
+from k7core._native._fast import message_offset
 
 from ._bridge import core_queue, notify
 
@@ -300,7 +301,7 @@ class MessageStream(ObjectReceiveStream[Message]):
             raise anyio.ClosedResourceError
         if self._r.ended:
             raise anyio.BrokenResourceError("the reader thread has stopped")
-        self._r.post(op, msg if isinstance(msg, int) else msg.offset)
+        self._r.post(op, message_offset(msg))  # a TypeError here, not in the thread
 
     async def aclose(self) -> None:
         """Stop the reader thread and close the group (waits at most about ``timeout``)."""

@@ -33,7 +33,7 @@ from ._format import (
     segment_name,
 )
 from ._kernel import SCAN_CORRUPT, address, ffi, lib, owned
-from ._native._fast import Fetcher
+from ._native._fast import Fetcher, message_offset
 from ._reader import Reader
 from ._resource import Resource
 from ._stats import GroupStats
@@ -318,7 +318,7 @@ class ConsumerGroup(Resource):
     def nack(self, msg: Message | int) -> bool:
         """Redeliver this message (first) on a later poll, without the messages after it."""
         with owned(self._fetch):
-            off = self._fetch.offset(msg)  # as ack reads it: -1 for an int beyond int64
+            off = message_offset(msg)  # as ack reads it: -1 for an int beyond int64
             if not lib.k7_inflight_has(self._f, off):
                 if self._closed:
                     self._raise_closed()

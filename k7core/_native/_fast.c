@@ -476,8 +476,9 @@ static int offset_of(PyObject *o, int64_t *off) {
     return 0;
 }
 
-/* offset(msg) -> the offset ack would use (nack's, in Python): -1 when it cannot be one. */
-static PyObject *Fetcher_offset(Fetcher *self, PyObject *arg) {
+/* message_offset(msg) -> the offset ack reads from a Message or an int (for nack and
+ * k7async): -1 when it cannot be one. */
+static PyObject *message_offset(PyObject *module, PyObject *arg) {
     int64_t off;
     if (offset_of(arg, &off) < 0) return NULL;
     return PyLong_FromLongLong(off);
@@ -521,7 +522,6 @@ static PyMethodDef Fetcher_methods[] = {
     {"collect", (PyCFunction)Fetcher_collect, METH_O, NULL},
     {"set_segment", (PyCFunction)(void (*)(void))Fetcher_set_segment, METH_FASTCALL, NULL},
     {"ack", (PyCFunction)Fetcher_ack, METH_O, NULL},
-    {"offset", (PyCFunction)Fetcher_offset, METH_O, NULL},
     {"ack_many", (PyCFunction)Fetcher_ack_many, METH_O, NULL},
     {"detach", (PyCFunction)Fetcher_detach, METH_NOARGS, NULL},
     {"enter", (PyCFunction)Fetcher_enter, METH_NOARGS, NULL},
@@ -570,6 +570,7 @@ static PyMethodDef module_methods[] = {
     {"set_busy_error", (PyCFunction)set_busy_error, METH_O, NULL},
     {"set_checks", (PyCFunction)(void (*)(void))set_checks, METH_FASTCALL, NULL},
     {"payload_size", (PyCFunction)payload_size, METH_O, NULL},
+    {"message_offset", (PyCFunction)message_offset, METH_O, NULL},
     {"set_fault_msync", (PyCFunction)set_fault_msync, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };

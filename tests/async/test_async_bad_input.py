@@ -48,3 +48,22 @@ async def test_consumer_channel_checks_its_numbers(
         async with k7async.consumer_group_channel(queue, "g", **kwargs):  # type: ignore[arg-type]
             pass
     assert k7async_threads() == []
+
+
+async def test_stream_ack_and_nack_check_the_offset_in_the_caller(queue: k7core.Queue) -> None:
+    """``ack(True)`` is refused where it is called (it used to fail the reader thread);
+    an int beyond 64 bits is no offset in flight, as for the group's own ack."""
+    queue.enqueue_many([b"a", b"b"])
+    with anyio.fail_after(10):
+        async with k7async.consumer_group_channel(queue, "g", auto_ack=False) as stream:
+            got = [await stream.receive() for _ in range(2)]
+            for post in (stream.ack, stream.nack):
+                with pytest.raises(TypeError, match="not bool"):
+                    await post(True)
+                await post(2**70)
+            for msg in got:
+                await stream.ack(msg)
+            queue.enqueue(b"c")
+            assert bytes((await stream.receive()).payload) == b"c"  # the thread goes on
+    with queue.consumer_group("g") as g:
+        assert g.committed == got[1].offset + k7core.frame_size(1)

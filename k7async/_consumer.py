@@ -14,6 +14,8 @@ from anyio.abc import ObjectReceiveStream
 
 import k7core
 from k7core import ConsumerGroup, Fsync, Message
+from k7core._checks import check_count, check_seconds
+from k7core._native._fast import message_offset
 
 from ._bridge import core_queue, notify
 
@@ -299,7 +301,7 @@ class MessageStream(ObjectReceiveStream[Message]):
             raise anyio.ClosedResourceError
         if self._r.ended:
             raise anyio.BrokenResourceError("the reader thread has stopped")
-        self._r.post(op, msg if isinstance(msg, int) else msg.offset)
+        self._r.post(op, message_offset(msg))  # a TypeError here, not in the thread
 
     async def aclose(self) -> None:
         """Stop the reader thread and close the group (waits at most about ``timeout``)."""
@@ -342,12 +344,11 @@ async def consumer_group_channel(
     ``receive`` after the messages delivered before it, or else by the context's exit.
     """
     core = core_queue(queue)
-    if not isinstance(max_batch, int) or max_batch < 1:
-        raise ValueError(f"max_batch must be an int >= 1, not {max_batch!r}")
-    if not isinstance(timeout, (int, float)) or not 0 < timeout <= 60:
-        raise ValueError(f"timeout must be seconds in (0, 60], not {timeout!r}")
+    max_batch = check_count(max_batch, "max_batch")
+    # bounded: the thread checks between polls whether to stop
+    seconds = check_seconds(timeout, "timeout", 60, positive=True)
     reader = _Reader(
-        core, group, max_batch=max_batch, timeout=float(timeout), auto_ack=auto_ack,
+        core, group, max_batch=max_batch, timeout=seconds, auto_ack=auto_ack,
         cursor_fsync=cursor_fsync,
     )
     reader.thread.start()

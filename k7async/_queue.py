@@ -15,6 +15,8 @@ from anyio.streams.memory import MemoryObjectSendStream
 import k7core
 from k7core import Fsync
 from k7core._format import FRAME_HEADER, MAX_PAYLOAD
+from k7core._native._fast import payload_size
+from k7core._queue import message_list
 
 from ._bridge import Payload, run_in_thread
 from ._consumer import MessageStream, consumer_group_channel
@@ -72,7 +74,7 @@ class AsyncQueue:
         to the writer thread); only its offset is unknown.
         """
         self._check_open()
-        n = len(data) if type(data) is bytes else memoryview(data).nbytes
+        n = len(data) if type(data) is bytes else payload_size(data)  # enqueue's TypeError
         if n > self._max_payload:
             self._queue._check_size(n)  # raises MessageTooLargeError
         job, i = self._writer.submit_one(data)
@@ -82,7 +84,7 @@ class AsyncQueue:
         """Append a batch as one unit (consecutive, in order); return the offsets."""
         await anyio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
-        job = Job(list(items))
+        job = Job(message_list(items))
         self._writer.submit(job)
         return await job.wait()
 

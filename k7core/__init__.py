@@ -7,6 +7,7 @@
                 cg.ack(msg)
 """
 
+from ._checks import MAX_BATCH as MAX_BATCH
 from ._errors import ClosedError as ClosedError
 from ._errors import ConcurrentUseError as ConcurrentUseError
 from ._errors import CorruptFrameError as CorruptFrameError
@@ -40,6 +41,7 @@ __version__ = "0.1.0"  # the distribution k7py's version too (pyproject.toml rea
 
 __all__ = [
     "LAG_COUNT_LIMIT",
+    "MAX_BATCH",
     "ClosedError",
     "ColumnarBatch",
     "ConcurrentUseError",

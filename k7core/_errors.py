@@ -78,13 +78,15 @@ class DataLossError(K7Error):
         self.earliest = earliest
 
 
-class CursorError(K7Error):
-    """A consumer group's stored cursor is not a frame boundary of the log: negative,
-    beyond the end, or inside a frame (a damaged or foreign cursor file, or a cursor synced
-    while the log's tail was lost). Raised by ``poll`` until ``seek`` repositions the group.
+class CursorError(K7Error, ValueError):
+    """An offset a consumer group cannot read from: negative, beyond the end of the log,
+    inside a frame, or past damage where no valid frame starts. Raised by ``seek`` for such
+    an offset; and by ``poll`` when the group's stored cursor is one (a damaged or foreign
+    cursor file, or a cursor synced while the log's tail was lost), until ``seek``
+    repositions the group.
 
-    ``offset`` is the stored cursor, ``end`` the log's visible end, ``boundary`` the frame
-    boundary just after the cursor when it lies inside a frame (else None).
+    ``offset`` is the offset, ``end`` the log's end, ``boundary`` the next offset a reader
+    may start at when ``offset`` is inside the log (else None).
     """
 
     def __init__(

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import enum
+import errno
+import os
 import re
+import struct
+
+from ._errors import StorageError
 
 FRAME_HEADER = 10
+FRAME_MAGIC = b"K\x01"  # the first two bytes of every frame: magic 0x4B, flags "committed"
 FRAME_ALIGN = 8
 MAX_PAYLOAD = 2**31 - 1
+MAX_OFFSET = 2**63 - 1  # offsets are int64 on disk (cursors) and in the kernel
 CURSOR_FILE_SIZE = 4096
 POSITION_FILE_SIZE = 4096
 DEFAULT_SEGMENT_SIZE = 256 * 1024 * 1024
@@ -59,6 +66,39 @@ def segment_name(base: int) -> str:
     return f"seg-{base:020d}.k7"
 
 
+def segment_base(name: str, directory: str | os.PathLike[str]) -> int | None:
+    """The base offset of the segment file ``name`` of ``directory``; None when ``name`` is
+    not a segment's. A base beyond int64 (no writer makes one) is a StorageError naming
+    the file."""
+    m = SEGMENT_RE.match(name)
+    if m is None:
+        return None
+    base = int(m.group(1))
+    if base > MAX_OFFSET:
+        path = os.path.join(directory, name)
+        raise StorageError(
+            f"segment file {path}: its base offset {base} does not fit in 64 bits "
+            f"(at most {MAX_OFFSET})", errno_=errno.EINVAL, path=path,
+            hint="no k7 writer creates such a file: move it out of the queue directory",
+        )
+    return base
+
+
+_CURSOR = struct.Struct(">q")
+
+
+def decode_cursor(head: bytes) -> int:
+    """The committed offset in the first bytes of a cursor file: a big-endian signed int64
+    at byte 0 (as the kernel's ``k7_cursor_load`` reads it); 0 for a file shorter than
+    that (being created)."""
+    return int(_CURSOR.unpack_from(head)[0]) if len(head) >= _CURSOR.size else 0
+
+
+def encode_cursor(offset: int) -> bytes:
+    """The first bytes of a cursor file that holds ``offset`` (see :func:`decode_cursor`)."""
+    return _CURSOR.pack(offset)
+
+
 def cursor_name(group: str) -> str:
     return f"{CURSOR_PREFIX}{group}.k7"
 
@@ -77,7 +117,15 @@ def check_group_name(name: object) -> str:
             f"group name {name!r} contains a path separator, NUL or '..'",
             hint="use letters, digits, '-', '_' and '.'",
         )
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_GROUP_NAME_BYTES:
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidNameError(
+            f"group name {name!r} is not valid Unicode text (a lone surrogate at position "
+            f"{exc.start})",
+            hint="file names are UTF-8: use letters, digits, '-', '_' and '.'",
+        ) from None
+    if len(encoded) > MAX_GROUP_NAME_BYTES:
         raise InvalidNameError(
             f"group name is longer than {MAX_GROUP_NAME_BYTES} bytes in UTF-8"
         )

@@ -14,6 +14,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._checks import check_count, check_timeout
 from ._errors import (
     ClosedError,
     CorruptFrameError,
@@ -27,16 +28,18 @@ from ._format import (
     Fsync,
     check_group_name,
     cursor_name,
+    encode_cursor,
     parse_fsync,
     segment_name,
 )
 from ._kernel import SCAN_CORRUPT, address, ffi, lib, owned
-from ._native._fast import Fetcher
+from ._native._fast import Fetcher, message_offset
 from ._reader import Reader
 from ._resource import Resource
 from ._stats import GroupStats
 from ._storage import (
     Mapping,
+    frame_start_error,
     fsync_dir,
     fsync_file,
     list_segments,
@@ -176,7 +179,7 @@ class ConsumerGroup(Resource):
             self._reader.fetcher = self._fetch
             self._cap = int(self._rc.capacity)  # poll's fast path takes up to this; 0 when closed
             self._bad_cursor = check_cursor(
-                queue.path, name, committed, queue._visible_end()
+                queue.path, name, committed, queue._readable_end()
             )
             if self._bad_cursor is not None:
                 self._cap = 0  # poll takes the slow path, which raises it until a seek
@@ -189,35 +192,39 @@ class ConsumerGroup(Resource):
 
     # ------------------------------------------------------------------ reading
 
-    def poll(self, max_batch: int = 256, timeout: float = 0.001) -> list[Message]:
-        """Return up to ``max_batch`` messages at once if any are visible; otherwise wait up
-        to ``timeout`` seconds (asleep, woken by the writer) for the first one."""
-        if max_batch <= self._cap and not self._redeliver and max_batch > 0:
-            msgs: list[Message] = self._fetch.read(max_batch)
-            if len(msgs) == max_batch:
-                return msgs
-            if msgs:
-                return self._read_on(msgs, max_batch)
+    def poll(self, max_batch: int = 256, timeout: float | None = 0.001) -> list[Message]:
+        """Return up to ``max_batch`` (1 .. ``MAX_BATCH``) messages at once if any are
+        visible; otherwise wait up to ``timeout`` seconds (asleep, woken by the writer; None
+        or ``math.inf``: until a message arrives) for the first one."""
+        try:
+            if max_batch <= self._cap and not self._redeliver and max_batch > 0:
+                msgs: list[Message] = self._fetch.read(max_batch, timeout)  # checks both
+                if len(msgs) == max_batch:
+                    return msgs
+                if msgs:
+                    return self._read_on(msgs, max_batch)
+        except TypeError:
+            pass  # an argument of the wrong type: the slow path says which
         return self._poll_slow(max_batch, timeout)
 
-    def _poll_slow(self, max_batch: int, timeout: float) -> list[Message]:
+    def _poll_slow(self, max_batch: int, timeout: float | None) -> list[Message]:
+        max_batch = check_count(max_batch, "max_batch")
+        seconds = check_timeout(timeout)
         with owned(self._fetch):
             if self._closed:
                 self._raise_closed()
             if self._bad_cursor is not None:
                 raise self._bad_cursor
-            if max_batch < 1:
-                raise ValueError("max_batch must be >= 1")
             if self._redeliver:
                 out = self._take_redeliveries(max_batch)
                 if len(out) == max_batch:
                     return out
                 return out + self._read(max_batch - len(out))
             msgs = self._read(max_batch)
-            if msgs or timeout <= 0:
+            if msgs or seconds == 0:
                 return msgs
             q = self.queue
-            deadline = time.monotonic() + timeout
+            deadline = time.monotonic() + seconds
             while True:
                 end = q._visible_end()
                 if end > self._rc.pos:
@@ -311,7 +318,7 @@ class ConsumerGroup(Resource):
     def nack(self, msg: Message | int) -> bool:
         """Redeliver this message (first) on a later poll, without the messages after it."""
         with owned(self._fetch):
-            off = msg if type(msg) is int else msg[0]  # type: ignore[index]
+            off = message_offset(msg)  # as ack reads it: -1 for an int beyond int64
             if not lib.k7_inflight_has(self._f, off):
                 if self._closed:
                     self._raise_closed()
@@ -322,15 +329,26 @@ class ConsumerGroup(Resource):
             return True
 
     def seek(self, offset: int) -> None:
-        """Reposition to ``offset`` (a frame boundary; 0 replays everything) and persist it.
+        """Reposition to ``offset`` and persist it: a frame boundary up to the end of the
+        log (``queue.end``), past damage the start of a valid frame (``CursorError``
+        otherwise, naming the nearest ones), or an offset before the earliest segment (0
+        replays everything; deleted data is then reported by ``poll`` per
+        ``on_data_loss``).
 
         Messages in flight are forgotten: they are not redelivered unless the new position is
         before them."""
         with owned(self._fetch):
             if self._closed:
                 self._raise_closed()
-            if not isinstance(offset, int) or offset < 0:
-                raise ValueError(f"offset must be a non-negative int, not {offset!r}")
+            if isinstance(offset, bool) or not isinstance(offset, int):
+                raise TypeError(f"offset must be an int, not {type(offset).__name__}")
+            q = self.queue
+            err = check_offset(
+                q.path, offset, q._readable_end(), said=f"cannot seek group {self.name!r} to",
+                path=self.path,
+            )
+            if err is not None:
+                raise err
             self._redeliver.clear()
             assert self._reader is not None
             self._reader.close()  # the next read maps the segment that holds ``offset``
@@ -458,7 +476,7 @@ class ConsumerGroup(Resource):
             else:
                 try:
                     preallocate(fd, CURSOR_FILE_SIZE, self.path)
-                    os.pwrite(fd, committed.to_bytes(8, "big", signed=True), 0)
+                    os.pwrite(fd, encode_cursor(committed), 0)
                     if self.cursor_fsync is not Fsync.FLUSH:
                         fsync_file(fd, self.path)
                         fsync_dir(self.queue.path)
@@ -482,43 +500,60 @@ class ConsumerGroup(Resource):
 
 
 def check_cursor(directory: Path, group: str, committed: int, end: int) -> CursorError | None:
-    """The error to report if ``committed``, group ``group``'s stored cursor, is not a frame
-    boundary of the log that ends at ``end``: negative, past the end, or inside a frame
-    (found by walking the frame headers of its segment from the segment's start: one walk
-    when a group opens, none on the hot path). None when it is fine, or lies before the
-    first segment (retention deleted that part: DataLossError when read)."""
-    path = directory / cursor_name(group)
+    """The error to report if ``committed``, group ``group``'s stored cursor, is not an
+    offset it may read from (:func:`check_offset`): checked when a group opens."""
+    return check_offset(
+        directory, committed, end, said=f"the cursor of group {group!r} is",
+        path=directory / cursor_name(group),
+    )
+
+
+def check_offset(
+    directory: Path, offset: int, end: int, *, said: str, path: Path
+) -> CursorError | None:
+    """The error to report if a group may not read from ``offset`` in the log of
+    ``directory`` that ends at ``end``: negative, past the end, or not where a frame starts
+    (see :func:`frame_start_error`: one header walk of its segment, more only when it is
+    refused or lies past damage). None when it may, or when it lies before the first segment
+    (deleted by retention: ``poll`` reports that, see ``on_data_loss``). The message begins
+    with ``said``; ``path`` is the cursor file."""
     hint = (
         f"seek({end}) to continue with new messages, or seek(queue.earliest()) to replay "
         "the log"
     )
-    if committed < 0 or committed > end:
-        where = "negative" if committed < 0 else f"beyond the end of the log ({end})"
+    if offset < 0 or offset > end:
+        where = "negative" if offset < 0 else f"beyond the end of the log ({end})"
         return CursorError(
-            f"the cursor of group {group!r} is {committed}: {where}",
-            path=path, offset=committed, end=end, hint=hint,
+            f"{said} {offset}: {where}", path=path, offset=offset, end=end, hint=hint
         )
     bases = list_segments(directory)
-    i = bisect.bisect_right(bases, committed) - 1
-    if committed == end or i < 0 or bases[i] == committed:
+    i = bisect.bisect_right(bases, offset) - 1
+    if offset == end or i < 0 or bases[i] == offset:
         return None
     base = bases[i]
-    boundary = _next_boundary(directory / segment_name(base), committed - base)
-    if boundary is None:
+    region = (bases[i + 1] if i + 1 < len(bases) else end) - base
+    found = _frame_start_error(directory / segment_name(base), offset - base, region)
+    if found is None:
         return None
+    start, boundary = base + found[0], base + found[1]
+    where = (
+        f"inside a frame of {segment_name(base)} (it starts at {start}, the next one at "
+        f"{boundary})" if start >= base else
+        f"not the start of a valid frame of {segment_name(base)}, which is damaged at or "
+        f"before it (the next valid position is {boundary})"
+    )
     return CursorError(
-        f"the cursor of group {group!r} is {committed}: inside a frame of "
-        f"{segment_name(base)} (the next frame starts at {base + boundary})",
-        path=path, offset=committed, end=end, boundary=base + boundary,
-        hint=f"seek({base + boundary}) to continue from the next frame; " + hint,
+        f"{said} {offset}: {where}",
+        path=path, offset=offset, end=end, boundary=boundary,
+        hint=f"seek({boundary}) to continue from the next frame; " + hint,
     )
 
 
-def _next_boundary(path: Path, local: int) -> int | None:
-    """None when ``local`` is a frame boundary of the segment at ``path`` (following the
-    frame headers from its start), or when that cannot be told (the file is gone, or a
-    header on the way is not a frame: the reader reports that); else the first boundary
-    after ``local``."""
+def _frame_start_error(path: Path, local: int, region: int) -> tuple[int, int] | None:
+    """:func:`frame_start_error` for position ``local`` of the segment file at ``path``,
+    whose data may span ``region`` bytes; the next position is ``region`` (the next
+    segment, or the end) when none is found before. None when the file is gone or empty
+    (the reader reports that)."""
     try:
         m = map_file(path, writable=False)
     except StorageError:
@@ -526,7 +561,10 @@ def _next_boundary(path: Path, local: int) -> int | None:
     if m is None:
         return None
     try:
-        boundary = int(lib.k7_walk(m.ptr, m.size, 0, local))
+        limit = min(m.size, region)
+        found = frame_start_error(m, local, limit)
     finally:
         m.close()
-    return None if boundary < 0 or boundary == local else boundary
+    if found is None:
+        return None
+    return found[0], found[1] if found[1] < limit else region

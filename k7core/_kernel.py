@@ -3,14 +3,16 @@ guard of the CPython fast paths (``k7core._native._fast``)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ._checks import check_count, check_timeout
 from ._errors import ConcurrentUseError
 
 try:
-    from ._native._fast import Appender, Fetcher, set_busy_error
+    from ._native._fast import Appender, Fetcher, set_busy_error, set_checks
     from ._native._k7 import ffi as _ffi
     from ._native._k7 import lib as _lib
 except ImportError as exc:  # pragma: no cover - only when the build step was skipped
@@ -48,6 +50,7 @@ def hardware_crc() -> bool:
 
 
 set_busy_error(ConcurrentUseError)
+set_checks(functools.partial(check_count, name="max_batch"), check_timeout)
 lib.k7_bus_install()  # a file shrunk under a map: zero pages and a clear error, not SIGBUS
 
 

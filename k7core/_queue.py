@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._checks import check_count, check_int, check_seconds, check_timeout
 from ._errors import (
     ClosedError,
     K7Error,
@@ -80,6 +81,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("k7core")
 
 RETENTION_POLICIES = ("none", "consumed")
+WAIT_SLICE = 3600.0  # seconds: the kernel's wait takes int64 nanoseconds
 
 _from_buffer = ffi.from_buffer
 _ZERO = array.array("q", [0])
@@ -96,6 +98,22 @@ def _lock_with_retry(fd: int) -> bool:
 
 def k7_msync_range(m: Mapping, start: int, end: int) -> int:
     return int(lib.k7_msync(m.ptr, start, end))
+
+
+def message_list(items: object) -> list[Any]:
+    """The messages of ``enqueue_many(items)`` as a list. One bytes-like object or str is
+    refused: iterating it would give ints or characters, not messages."""
+    what = "enqueue_many needs an iterable of bytes-like messages"
+    if isinstance(items, (bytes, bytearray, memoryview, str)):
+        raise TypeError(
+            f"{what}, not one {type(items).__name__} object: enqueue(data) appends one "
+            "message, enqueue_many([data]) a batch of one"
+        )
+    try:
+        it = iter(items)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"{what}, not {type(items).__name__}") from None
+    return list(it)
 
 
 class _Flusher:
@@ -227,43 +245,33 @@ class Queue(Resource):
         # scan); a call takes one for itself, so calls from several threads never share one
         self._bulk_readers: list[Reader] = []
         self.path = Path(path)
-        if not isinstance(segment_size, int) or segment_size < 64 or segment_size % 8:
-            raise ValueError(
-                f"segment_size must be an int >= 64 and a multiple of 8, not {segment_size!r}"
-            )
-        if not isinstance(commit_interval, (int, float)) or not 0 <= commit_interval <= 10:
-            raise ValueError(f"commit_interval must be seconds in [0, 10], not {commit_interval!r}")
-        if segment_size > MAX_SEGMENT_SIZE:
+        self.segment_size = check_int(segment_size, "segment_size", 64)
+        if self.segment_size % 8:
+            raise ValueError(f"segment_size must be a multiple of 8, not {segment_size!r}")
+        if self.segment_size > MAX_SEGMENT_SIZE:
             raise ValueError(
                 f"segment_size must be at most {MAX_SEGMENT_SIZE} (2 GiB - 8), not "
                 f"{segment_size}: k7 on the JVM maps a segment as one buffer of at most "
                 "2^31-1 bytes, and each segment is preallocated on disk at this size"
             )
-        self.segment_size = segment_size
         self.fsync = parse_fsync(fsync, "fsync")
-        self.commit_interval = float(commit_interval)
+        self.commit_interval = check_seconds(commit_interval, "commit_interval", 10)
         self.readonly = bool(readonly)
         if retention not in RETENTION_POLICIES:
             raise ValueError(f"retention must be 'none' or 'consumed', not {retention!r}")
-        if retention_bytes is not None and (
-            not isinstance(retention_bytes, int) or retention_bytes < 0
-        ):
-            raise ValueError(f"retention_bytes must be an int >= 0, not {retention_bytes!r}")
-        if retention_age is not None and (
-            not isinstance(retention_age, (int, float)) or retention_age < 0
-        ):
-            raise ValueError(f"retention_age must be seconds >= 0, not {retention_age!r}")
         self.retention = retention
-        self.retention_bytes = retention_bytes
-        self.retention_age = None if retention_age is None else float(retention_age)
+        self.retention_bytes = (
+            None if retention_bytes is None else check_int(retention_bytes, "retention_bytes", 0)
+        )
+        self.retention_age = (
+            None if retention_age is None else check_seconds(retention_age, "retention_age")
+        )
         self.remove_when_empty = bool(remove_when_empty)
-        if not isinstance(file_mode, int) or not 0o400 <= file_mode <= 0o777 or not (
-            file_mode & 0o600 == 0o600
-        ):
+        self.file_mode = check_int(file_mode, "file_mode", 0)
+        if self.file_mode > 0o777 or self.file_mode & 0o600 != 0o600:
             raise ValueError(
                 f"file_mode must give the owner read and write (0o600 .. 0o777), not {file_mode!r}"
             )
-        self.file_mode = file_mode
         self._events: list[RecoveryEvent] = []
         self._seg_id: tuple[int, int] | None = None  # (device, inode) of the segment written
         self._seg_lost: StorageError | None = None  # that file was deleted or replaced
@@ -502,7 +510,7 @@ class Queue(Resource):
         A message too large for a segment fails the whole batch before anything is written.
         """
         if not isinstance(items, (list, tuple)):
-            items = list(items)
+            items = message_list(items)
         out = self._fa.append_many(items, 0)
         if type(out) is list and len(out) == len(items):
             return out
@@ -802,19 +810,28 @@ class Queue(Resource):
         end: int = lib.k7_load_end(self._pub)
         return end if end > self._floor_end else self._floor_end
 
+    def _readable_end(self) -> int:
+        """Up to where a group may be positioned: the visible end, or with ``fsync="async"``
+        what this writer has written (visible within ``commit_interval``)."""
+        w, fl = self._w, self._r.flusher
+        if w is None or fl is None:
+            return self._visible_end()
+        with fl.lock:  # a roll moves base and pos together under it
+            written = int(w.base + w.pos)
+        return max(written, self._visible_end())
+
     def _segment_bases(self, refresh: bool = False) -> list[int]:
         if refresh or not self._bases:
             self._bases = list_segments(self.path)
         return self._bases
 
-    def wait(self, after: int, timeout: float) -> int:
-        """Wait, asleep until the writer publishes (futex), up to ``timeout`` seconds for the
-        visible end to pass ``after``; return the visible end. For readers without a group,
-        such as a tail that calls ``read_columnar(after)`` again when this is larger."""
+    def wait(self, after: int, timeout: float | None) -> int:
+        """Wait, asleep until the writer publishes (futex), up to ``timeout`` seconds (None:
+        no limit) for the visible end to pass ``after``; return the visible end. For readers
+        without a group, such as a tail that calls ``read_columnar(after)`` again when this
+        is larger."""
         self._check_open()
-        if not isinstance(timeout, (int, float)) or timeout < 0:
-            raise ValueError(f"timeout must be seconds >= 0, not {timeout!r}")
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + check_timeout(timeout)
         while True:
             end = self._visible_end()
             left = deadline - time.monotonic()
@@ -823,10 +840,12 @@ class Queue(Resource):
             self._wait(end, left)
 
     def _wait(self, known_end: int, timeout: float) -> None:
+        """Sleep until the writer publishes past ``known_end`` or for ``timeout`` seconds,
+        at most ``WAIT_SLICE`` (callers loop until their deadline, which may be infinite)."""
         if self._r.pos_map is None:
             time.sleep(min(timeout, 0.001))
             return
-        lib.k7_wait(self._pub, known_end, int(timeout * 1e9))
+        lib.k7_wait(self._pub, known_end, int(min(timeout, WAIT_SLICE) * 1e9))
 
     @property
     def end(self) -> int:
@@ -861,14 +880,14 @@ class Queue(Resource):
         return ConsumerGroup(self, name, cursor_fsync=cursor_fsync, on_data_loss=on_data_loss)
 
     def read_columnar(self, offset: int, max_messages: int = 65536) -> ColumnarBatch:
-        """Read up to ``max_messages`` frames from ``offset`` (a frame boundary) in one scan.
+        """Read up to ``max_messages`` (1 .. ``MAX_BATCH``) frames from ``offset`` (a frame
+        boundary) in one scan.
 
         Returns global offsets and payload positions/lengths into one read-only view (a single
         segment), without a Python object per message. No consumer group is involved.
         """
         self._check_open()
-        if max_messages < 1:
-            raise ValueError("max_messages must be >= 1")
+        max_messages = check_count(max_messages, "max_messages")
         starts = _ZERO * max_messages
         lens = _ZERO * max_messages
         try:

@@ -7,10 +7,10 @@ import errno
 from typing import TYPE_CHECKING
 
 from ._errors import CorruptFrameError, DataLossError, StorageError
-from ._format import FRAME_HEADER, segment_name
+from ._format import FRAME_ALIGN, FRAME_HEADER, segment_name
 from ._kernel import SCAN_CORRUPT, SCAN_EMPTY, ffi, lib
 from ._native._fast import Fetcher
-from ._storage import Mapping, map_file
+from ._storage import Mapping, map_file, next_frame
 
 if TYPE_CHECKING:
     from ._queue import Queue
@@ -86,16 +86,6 @@ class Reader:
                 return n
         return 0
 
-    def _corrupt(self, pos: int) -> CorruptFrameError:
-        later = [b for b in self._queue._segment_bases(refresh=True) if b > pos]
-        return CorruptFrameError(
-            f"corrupt frame at offset {pos} in {segment_name(int(self.c.base))}",
-            path=self._queue.path / segment_name(int(self.c.base)),
-            offset=pos,
-            hint=f"seek to {later[0]} (the next segment) to skip the rest of this one"
-            if later else "seek past it",
-        )
-
     def _sealed_since(self) -> bool:
         """True when the mapped segment, the last one when it was mapped, has been sealed
         since (a later segment exists now) and ``c.cap`` was lowered to its sealed end:
@@ -132,6 +122,27 @@ class Reader:
             # the segment's sealed end
             raise self._short(bases[i], pos)
         self._map_segment(bases[i])
+
+    def _corrupt(self, pos: int) -> CorruptFrameError:
+        """The frame at ``pos`` of the mapped segment is not valid; the hint names where
+        reading can resume: the next valid frame of this segment, else the next segment,
+        else the visible end."""
+        c, base = self.c, int(self.c.base)
+        later = [b for b in self._queue._segment_bases(refresh=True) if b > pos]
+        region = (later[0] if later else int(c.end)) - base
+        limit = min(int(c.cap), region)
+        local = pos - base
+        resume = base + (next_frame(self._map, local + FRAME_ALIGN, limit) if self._map else limit)
+        if resume < base + limit:
+            hint = f"seek to {resume} (the next valid frame, {resume - pos} bytes on) to skip it"
+        elif later:
+            hint = f"seek to {later[0]} (the next segment) to skip the rest of this one"
+        else:
+            hint = f"seek to {base + region} (the end of the log) to skip it"
+        return CorruptFrameError(
+            f"corrupt frame at offset {pos} in {segment_name(base)}",
+            path=self._queue.path / segment_name(base), offset=pos, hint=hint,
+        )
 
     def _data_loss(self, pos: int, earliest: int) -> DataLossError:
         return DataLossError(

@@ -7,13 +7,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._errors import InvalidNameError, StorageError
-from ._format import CURSOR_PREFIX, SEGMENT_RE, check_group_name
+from ._format import CURSOR_PREFIX, check_group_name, decode_cursor, segment_base
 from ._storage import lock_is_free, open_fd
 
 #: ``lag_messages`` is counted (a CRC-checked scan of the frames) only when the lag is at
@@ -163,12 +162,12 @@ def list_segment_infos(directory: Path) -> list[SegmentInfo]:
     """The segment files, oldest first (a file deleted while listing is skipped)."""
     out = []
     for name in os.listdir(directory):
-        m = SEGMENT_RE.match(name)
-        if not m:
+        base = segment_base(name, directory)
+        if base is None:
             continue
         with contextlib.suppress(FileNotFoundError):
             st = os.stat(directory / name)
-            out.append(SegmentInfo(int(m.group(1)), st.st_size, st.st_blocks * 512, st.st_mtime))
+            out.append(SegmentInfo(base, st.st_size, st.st_blocks * 512, st.st_mtime))
     out.sort(key=lambda s: s.base)
     return out
 
@@ -193,8 +192,7 @@ def read_cursors(directory: Path) -> list[tuple[str, int]]:
             head = os.pread(fd, 8, 0)
         finally:
             os.close(fd)
-        committed = struct.unpack(">q", head)[0] if len(head) == 8 else 0
-        out.append((name[len(CURSOR_PREFIX) : -3], int(committed)))
+        out.append((name[len(CURSOR_PREFIX) : -3], decode_cursor(head)))
     out.sort()
     return out
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import StorageError
-from ._format import SEGMENT_RE, segment_name
+from ._format import FRAME_ALIGN, segment_base, segment_name
 from ._kernel import ffi, lib
 
 
@@ -199,9 +199,9 @@ def list_segments(directory: Path) -> list[int]:
             if exc.errno in (errno.EACCES, errno.EPERM) else None,
         ) from exc
     for name in names:
-        m = SEGMENT_RE.match(name)
-        if m:
-            bases.append(int(m.group(1)))
+        base = segment_base(name, directory)
+        if base is not None:
+            bases.append(base)
     bases.sort()
     return bases
 
@@ -368,8 +368,7 @@ def frames_end(path: Path) -> int:
     if m is None:
         return 0
     try:
-        count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
-        return int(lib.k7_scan_end(m.ptr, m.size, count, status))
+        return valid_end(m, m.size)
     finally:
         m.close()
 
@@ -401,6 +400,49 @@ def last_data(ptr: Any, path: Path, start: int, size: int) -> int:
         if found > lo:  # k7_last_nonzero returns ``lo`` itself when [lo, hi) is all zeros
             last = max(last, found)
     return last
+
+
+def valid_end(m: Mapping, limit: int) -> int:
+    """Where the valid (CRC-checked) frames of the mapped segment ``m`` from position 0
+    stop, by ``limit``: at the first that is not valid or does not end by ``limit``."""
+    count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
+    return int(lib.k7_scan_end(m.ptr, min(limit, m.size), count, status))
+
+
+def _frame_end(m: Mapping, pos: int, limit: int) -> int:
+    """Where the valid frame at ``pos`` of the mapped segment ``m`` ends (by ``limit``);
+    -1 when no valid frame starts there."""
+    out = ffi.new("int64_t[2]")
+    nxt, status = ffi.new("int64_t *"), ffi.new("int32_t *")
+    n = lib.k7_scan(m.ptr, m.size, pos, limit, 1, out, out + 1, nxt, status)
+    return int(nxt[0]) if n else -1
+
+
+def next_frame(m: Mapping, start: int, limit: int) -> int:
+    """The first 8-aligned position in [start, limit) of the mapped segment ``m`` where a
+    valid frame (CRC-checked, ending by ``limit``) starts; ``limit`` when there is none.
+    Where reading resumes after damage (``k7 verify`` and the readers' hints)."""
+    return int(lib.k7_next_frame(m.ptr, m.size, start, limit))
+
+
+def frame_start_error(m: Mapping, local: int, limit: int) -> tuple[int, int] | None:
+    """None when a reader may start at position ``local`` of the mapped segment ``m``
+    (whose frames end by ``limit``): a frame boundary on the chain of frame headers from
+    position 0 (one header walk), or, where the valid frames from 0 break off before it
+    (damage), the start of a valid frame. Else ``(start, after)``: the start of the valid
+    frame that holds ``local`` (-1 after damage) and the next position a reader may start
+    at (``limit`` when none is found)."""
+    if int(lib.k7_walk(m.ptr, m.size, 0, local)) == local:
+        return None
+    pos = valid_end(m, local)  # rare (refused, or past damage): a CRC scan up to it
+    if pos == local:
+        return None
+    end = _frame_end(m, pos, limit)
+    if end >= 0:  # a valid frame from before ``local`` holds it
+        return pos, end
+    if local % FRAME_ALIGN == 0 and _frame_end(m, local, limit) >= 0:
+        return None  # damage before it, a valid frame at it
+    return -1, next_frame(m, local, limit)
 
 
 def data_regions(path: Path, start: int, size: int) -> list[tuple[int, int]]:

@@ -13,7 +13,6 @@ import dataclasses
 import errno
 import json
 import logging
-import mmap
 import os
 import re
 import shlex
@@ -42,19 +41,21 @@ try:
 except ImportError as exc:
     raise SystemExit(f"k7: {MissingExtraError('the command line', 'cli', exc)}") from exc
 
-from ._errors import DataLossError, K7Error
+from ._errors import CursorError, DataLossError, K7Error, StorageError
 from ._format import (
     DEFAULT_SEGMENT_SIZE,
+    FRAME_ALIGN,
     FRAME_HEADER,
     WRITER_LOCK,
     cursor_name,
+    decode_cursor,
     segment_name,
 )
 from ._group import check_cursor
 from ._kernel import SCAN_CORRUPT, SCAN_OK, ffi, lib
 from ._queue import Queue
 from ._stats import LAG_COUNT_LIMIT, GroupInfo, SegmentInfo, list_segment_infos, read_cursors
-from ._storage import frames_end, last_data, lock_is_free, try_lock
+from ._storage import frames_end, last_data, lock_is_free, map_file, next_frame, try_lock
 
 EXIT_CORRUPT = 1
 EXIT_ERROR = 3
@@ -262,35 +263,25 @@ class _Problem:
         return self.kind != "beyond-seal"
 
 
-def _map_readonly(path: Path) -> mmap.mmap | None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) if size else None
-    finally:
-        os.close(fd)
-
-
 def _verify_segment(
     path: Path, base: int, limit: int | None, advance: Any, problems: list[_Problem]
 ) -> int:
     """CRC-check every frame of one segment (``limit``: where a sealed segment was sealed,
     i.e. where its data must end; None for the last one). Returns the valid frames."""
-    mm = _map_readonly(path)
-    if mm is None:
+    m = map_file(path, writable=False)
+    if m is None:
         if limit:
             problems.append(_Problem("short-segment", base, base, limit))
         return 0
     chunk = 65536
     starts, lens = ffi.new("int64_t[]", chunk), ffi.new("int64_t[]", chunk)
     nxt, status = ffi.new("int64_t *"), ffi.new("int32_t *")
-    buf = ffi.from_buffer(mm)
-    size = len(mm)
+    size = m.size
     end = size if limit is None else min(limit, size)
     pos = frames = 0
     try:
         while pos < end:
-            frames += int(lib.k7_scan(buf, size, pos, end, chunk, starts, lens, nxt, status))
+            frames += int(lib.k7_scan(m.ptr, size, pos, end, chunk, starts, lens, nxt, status))
             advance(int(nxt[0]) - pos)
             pos = int(nxt[0])
             st = int(status[0])
@@ -301,39 +292,23 @@ def _verify_segment(
             # a sealed segment's frames run up to its seal point without a break
             kind = "corrupt-frame" if st == SCAN_CORRUPT else "missing-data"
             problems.append(_Problem(kind, base, base + pos))
-            resync = _resync(mm, buf, pos + 8, end)
+            resync = next_frame(m, pos + FRAME_ALIGN, end)
             advance(resync - pos)
             pos = resync
         if limit is None:
-            last = last_data(buf, path, pos, size)
+            last = last_data(m.ptr, path, pos, size)
             if last > pos:
                 problems.append(_Problem("torn-tail", base, base + pos, last - pos))
         elif size < limit:
             problems.append(_Problem("short-segment", base, base + size, limit))
         else:
-            stale = last_data(buf, path, limit, size)
+            stale = last_data(m.ptr, path, limit, size)
             if stale > limit:
                 problems.append(_Problem("beyond-seal", base, base + limit, stale - limit))
         advance(max(0, size - pos))
     finally:
-        ffi.release(buf)
-        mm.close()
+        m.close()
     return frames
-
-
-def _resync(mm: mmap.mmap, buf: Any, start: int, end: int) -> int:
-    """The next 8-aligned position in [start, end) that holds a valid frame, else ``end``."""
-    one_s, one_l = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
-    nxt, status = ffi.new("int64_t *"), ffi.new("int32_t *")
-    pos = start
-    while pos < end:
-        pos = mm.find(b"K\x01", pos, end)
-        if pos < 0:
-            return end
-        if pos % 8 == 0 and lib.k7_scan(buf, len(mm), pos, end, 1, one_s, one_l, nxt, status):
-            return pos
-        pos += 1
-    return end
 
 
 @cli.command()
@@ -364,7 +339,9 @@ def verify(directory: str) -> None:
             try:
                 frames += _verify_segment(d / segment_name(s.base), s.base, limit, advance,
                                           problems)
-            except FileNotFoundError:
+            except StorageError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
                 continue  # deleted by retention while we were verifying
     cursor_errors = _verify_cursors(d, segs)
     for p in problems:
@@ -602,22 +579,18 @@ def group_seek(d: Path, group: str, target: str) -> None:
     _existing_group(d, group)
     with Queue(d, readonly=True) as q:
         off = _start_offset(q, target)
-        earliest, end = q.earliest(), q.end
-        if not earliest <= off <= end:
-            raise click.BadParameter(
-                f"offset {off} is outside the log [{earliest}, {end}]", param_hint="OFFSET"
-            )
-        if off < end:
-            try:
-                q.read_columnar(off, 1)
-            except K7Error:
-                raise click.BadParameter(
-                    f"offset {off} is not the start of a valid frame", param_hint="OFFSET"
-                ) from None
         with q.consumer_group(group, cursor_fsync="sync") as g:
             before = g.committed
-            g.seek(off)
+            try:
+                g.seek(off)  # checks the offset as the library does
+            except CursorError as exc:
+                raise click.BadParameter(str(exc), param_hint="OFFSET") from None
+        earliest = q.earliest()
     click.echo(f"group {group!r}: committed {before} -> {off}")
+    if off < earliest:
+        _err().print(f"[yellow]note:[/yellow] {off} is before the earliest offset {earliest} "
+                     "(deleted by retention): the group's next poll reports DataLossError, "
+                     f"or jumps to {earliest} with on_data_loss='earliest'")
 
 
 @group_cmd.command("delete")
@@ -630,7 +603,7 @@ def group_delete(d: Path, group: str) -> None:
     try:
         if not try_lock(fd):
             raise CliError(f"group {group!r} is owned by a running consumer; close it first")
-        committed = int.from_bytes(os.pread(fd, 8, 0).rjust(8, b"\0"), "big", signed=True)
+        committed = decode_cursor(os.pread(fd, 8, 0))
         os.unlink(path)
     finally:
         os.close(fd)

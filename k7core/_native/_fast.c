@@ -62,6 +62,50 @@ static PyObject *set_busy_error(PyObject *Py_UNUSED(module), PyObject *cls) {
     Py_RETURN_NONE;
 }
 
+/* k7core._checks.check_count / check_timeout (set_checks): called only for the arguments
+ * the fast paths do not recognise at a glance, so one Python function words every error. */
+static PyObject *count_check, *timeout_check;
+
+static PyObject *set_checks(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "set_checks(check_count, check_timeout)");
+        return NULL;
+    }
+    Py_INCREF(args[0]);
+    Py_XSETREF(count_check, args[0]);
+    Py_INCREF(args[1]);
+    Py_XSETREF(timeout_check, args[1]);
+    Py_RETURN_NONE;
+}
+
+/* 0 when `check(o)` accepts `o` (or no check is set), -1 with its exception set. */
+static int run_check(PyObject *check, PyObject *o) {
+    if (!check) return 0;
+    PyObject *r = PyObject_CallOneArg(check, o);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* A count (max_batch): an exact int is checked by the caller's range test; anything else
+ * (bool, float, an __index__ type) goes through check_count. */
+static int count_ok(PyObject *o) {
+    return PyLong_CheckExact(o) ? 0 : run_check(count_check, o);
+}
+
+/* A timeout: None, or a float or int >= 0 at a glance (nan is not); anything else goes
+ * through check_timeout, which raises or accepts it. */
+static int timeout_ok(PyObject *t) {
+    if (t == Py_None) return 0;
+    if (PyFloat_CheckExact(t) && PyFloat_AS_DOUBLE(t) >= 0.0) return 0;
+    if (PyLong_CheckExact(t)) {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(t, &overflow);
+        if (overflow > 0 || (!overflow && v >= 0)) return 0;
+    }
+    return run_check(timeout_check, t);
+}
+
 /* ------------------------------------------------------------------ payloads */
 
 /* Pointer and length of a bytes-like object: bytes directly, anything else through the
@@ -393,8 +437,15 @@ static PyObject *collect(Fetcher *self, int64_t n) {
 
 /* read(max_n) -> list of messages from the current segment (k7_read + track), maybe empty;
  * an empty list can also mean "cross to the next segment": the caller checks r->status. */
-static PyObject *Fetcher_read(Fetcher *self, PyObject *arg) {
-    long long max_n = PyLong_AsLongLong(arg);
+/* read(max_n[, timeout]) -> messages of the frames visible in the current segment, up to
+ * max_n. `timeout` is only checked (poll's fast path does not wait). */
+static PyObject *Fetcher_read(Fetcher *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "read(max_n[, timeout])");
+        return NULL;
+    }
+    if (count_ok(args[0]) < 0 || (nargs == 2 && timeout_ok(args[1]) < 0)) return NULL;
+    long long max_n = PyLong_AsLongLong(args[0]);
     if (max_n == -1 && PyErr_Occurred()) return NULL;
     if (!self->r) return PyList_New(0);
     GUARD(self, GROUP_WHAT, NULL);
@@ -410,17 +461,27 @@ static PyObject *Fetcher_collect(Fetcher *self, PyObject *arg) {
     return collect(self, n);
 }
 
+/* The offset of a Message or of an int; -1 (never in flight) for an int beyond int64. */
 static int offset_of(PyObject *o, int64_t *off) {
     if (PyTuple_Check(o) && PyTuple_GET_SIZE(o) >= 1) o = PyTuple_GET_ITEM(o, 0);
-    if (!PyLong_Check(o)) {
+    if (!PyLong_Check(o) || PyBool_Check(o)) {
         PyErr_Format(PyExc_TypeError, "expected a Message or an int offset, not %.100s",
                      Py_TYPE(o)->tp_name);
         return -1;
     }
-    long long v = PyLong_AsLongLong(o);
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (v == -1 && PyErr_Occurred()) return -1;
-    *off = v;
+    *off = overflow ? -1 : v;
     return 0;
+}
+
+/* message_offset(msg) -> the offset ack reads from a Message or an int (for nack and
+ * k7async): -1 when it cannot be one. */
+static PyObject *message_offset(PyObject *module, PyObject *arg) {
+    int64_t off;
+    if (offset_of(arg, &off) < 0) return NULL;
+    return PyLong_FromLongLong(off);
 }
 
 /* ack(msg or offset) -> 1 acked, 0 not in flight, -errno (cursor store failed). */
@@ -457,7 +518,7 @@ done:
 }
 
 static PyMethodDef Fetcher_methods[] = {
-    {"read", (PyCFunction)Fetcher_read, METH_O, NULL},
+    {"read", (PyCFunction)(void (*)(void))Fetcher_read, METH_FASTCALL, NULL},
     {"collect", (PyCFunction)Fetcher_collect, METH_O, NULL},
     {"set_segment", (PyCFunction)(void (*)(void))Fetcher_set_segment, METH_FASTCALL, NULL},
     {"ack", (PyCFunction)Fetcher_ack, METH_O, NULL},
@@ -494,8 +555,22 @@ static PyObject *set_fault_msync(PyObject *Py_UNUSED(module), PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* payload_size(data) -> its length in bytes, or the TypeError enqueue gives. */
+static PyObject *payload_size(PyObject *module, PyObject *arg) {
+    Py_buffer buf;
+    const uint8_t *p;
+    int64_t n;
+    int held;
+    if (get_bytes(arg, &buf, &p, &n, &held) < 0) return NULL;
+    if (held) PyBuffer_Release(&buf);
+    return PyLong_FromLongLong(n);
+}
+
 static PyMethodDef module_methods[] = {
     {"set_busy_error", (PyCFunction)set_busy_error, METH_O, NULL},
+    {"set_checks", (PyCFunction)(void (*)(void))set_checks, METH_FASTCALL, NULL},
+    {"payload_size", (PyCFunction)payload_size, METH_O, NULL},
+    {"message_offset", (PyCFunction)message_offset, METH_O, NULL},
     {"set_fault_msync", (PyCFunction)set_fault_msync, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };

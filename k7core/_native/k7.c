@@ -141,6 +141,17 @@ int64_t k7_scan(const uint8_t *buf, int64_t cap, int64_t pos, int64_t limit, int
     return n;
 }
 
+int64_t k7_next_frame(const uint8_t *buf, int64_t cap, int64_t start, int64_t limit) {
+    if (limit > cap) limit = cap;
+    if (start < 0) start = 0;
+    for (int64_t pos = (start + 7) & ~(int64_t)7; pos + K7_HEADER <= limit; pos += 8) {
+        if (buf[pos] == K7_MAGIC && buf[pos + 1] == K7_FLAG_COMMITTED &&
+            check_frame(buf, cap, pos, limit) >= 0)
+            return pos;
+    }
+    return limit;
+}
+
 int64_t k7_scan_end(const uint8_t *buf, int64_t cap, int64_t *out_count, int32_t *out_status) {
     int64_t pos = 0, count = 0;
     int32_t status = K7_SCAN_OK;

@@ -119,6 +119,9 @@ int64_t k7_last_nonzero(const uint8_t *buf, int64_t from, int64_t cap);
 /* Follow frame headers (magic, flags, length; no CRC) from pos: the first frame boundary at
  * or after target, or -1 when a header on the way is not a frame (checking a cursor). */
 int64_t k7_walk(const uint8_t *buf, int64_t cap, int64_t pos, int64_t target);
+/* The first 8-aligned position in [start, limit) where a valid frame (CRC-checked, ending by
+ * limit) starts; limit when there is none (resuming after damage). */
+int64_t k7_next_frame(const uint8_t *buf, int64_t cap, int64_t start, int64_t limit);
 void k7_add_const(int64_t *dst, const int64_t *src, int64_t n, int64_t k); /* dst[i] = src[i] + k */
 int64_t k7_gather(const uint8_t *buf, int64_t cap, const int64_t *pos, const int64_t *len,
                   int64_t n, uint8_t *dst, int64_t dst_cap, int32_t *dst_offsets);

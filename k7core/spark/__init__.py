@@ -44,7 +44,8 @@ except ImportError as exc:
 
 from .. import Queue
 from .._errors import DataLossError, K7Error, NotAQueueError, QueueLockedError
-from .._format import check_group_name, cursor_name
+from .._format import check_group_name, cursor_name, decode_cursor
+from .._group import check_cursor
 from .._queue import ColumnarBatch
 from .._storage import list_segments
 
@@ -105,14 +106,19 @@ def _option_offset(options: dict[str, str], key: str, default: str) -> str | int
     return value
 
 
-def _committed(path: Path, group: str) -> int:
-    """A group's committed cursor as stored on disk (read without taking the group)."""
+def _committed(path: Path, group: str, end: int) -> int:
+    """A group's committed cursor as stored on disk (read without taking the group);
+    ``CursorError`` when the group could not read from there in the log that ends at
+    ``end`` (as its ``poll`` would say)."""
     cursor = path / cursor_name(check_group_name(group))
     try:
-        data = cursor.read_bytes()[:8]
+        committed = decode_cursor(cursor.read_bytes())
     except FileNotFoundError:
         return 0
-    return int.from_bytes(data, "big") if len(data) == 8 else 0
+    err = check_cursor(path, group, committed, end)
+    if err is not None:
+        raise err
+    return committed
 
 
 class K7DataSource(DataSource):
@@ -221,7 +227,7 @@ class K7BatchReader(DataSourceReader):
             latest = q.end
         earliest = bases[0] if bases else 0
         if "group" in options:
-            start = _committed(qpath, options["group"])
+            start = _committed(qpath, options["group"], latest)
         elif start_opt == "earliest":
             start = earliest
         elif start_opt == "latest":

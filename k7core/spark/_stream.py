@@ -109,7 +109,7 @@ class K7StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         qpath = Path(self.path)
         earliest, end = _bounds(qpath)
         if self.group is not None and (qpath / cursor_name(self.group)).exists():
-            return {"offset": _committed(qpath, self.group)}
+            return {"offset": _committed(qpath, self.group, end)}
         if self.starting == "earliest":
             return {"offset": earliest}
         if self.starting == "latest":

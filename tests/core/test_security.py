@@ -51,9 +51,11 @@ def test_file_mode_shares_with_a_group(tmp_path: Path) -> None:
     assert set(_modes(qdir).values()) == {0o660}
 
 
-@pytest.mark.parametrize("mode", [0o644 & ~0o200, 0o1777, -1, "0o600"])
-def test_bad_file_mode(tmp_path: Path, mode: object) -> None:
-    with pytest.raises(ValueError, match="file_mode"):
+@pytest.mark.parametrize(("mode", "error"), [
+    (0o644 & ~0o200, ValueError), (0o1777, ValueError), (-1, ValueError), ("0o600", TypeError),
+])
+def test_bad_file_mode(tmp_path: Path, mode: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="file_mode"):
         k7core.Queue(tmp_path / "q", file_mode=mode)  # type: ignore[arg-type]
 
 

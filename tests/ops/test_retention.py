@@ -132,10 +132,11 @@ def test_reopen_after_retention(tmp_path: Path) -> None:
 
 
 def test_bad_retention_arguments(tmp_path: Path) -> None:
-    for kw in ({"retention": "all"}, {"retention_bytes": -1}, {"retention_age": -1.0},
-               {"retention_bytes": 1.5}):
+    for kw in ({"retention": "all"}, {"retention_bytes": -1}, {"retention_age": -1.0}):
         with pytest.raises(ValueError):
             k7core.Queue(tmp_path, **kw)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="retention_bytes must be an int"):
+        k7core.Queue(tmp_path, retention_bytes=1.5)  # type: ignore[arg-type]
     with k7core.Queue(tmp_path, fsync="flush", segment_size=SEG) as q, pytest.raises(ValueError):
         q.consumer_group("g", on_data_loss="skip")
     with k7core.Queue(tmp_path, readonly=True) as q, pytest.raises(k7core.ReadOnlyError):

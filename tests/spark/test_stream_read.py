@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import k7core
+from k7core._format import encode_cursor
 from k7core.spark import K7DataSource
 
 pytestmark = pytest.mark.spark
@@ -110,9 +111,11 @@ def test_fail_on_data_loss_both_ways(spark: Any, tmp_path: Path) -> None:
     assert "failOnDataLoss=false" in str(info.value)
     got, _ = available_now(spark, path, tmp_path, startingOffsets="0", failOnDataLoss="false")
     assert got == [o for o in offs if o >= bases[1]]
-    with k7core.Queue(path, readonly=True) as q, q.consumer_group("g") as cg:
-        cg.seek(q.end + 4096)  # a group seeked past the end
-    with pytest.raises(Exception, match="past the end of the queue"):
+    with k7core.Queue(path, readonly=True) as q, q.consumer_group("g"):
+        end = q.end
+    with open(path / "cursor-g.k7", "r+b") as f:  # a damaged cursor: past the end
+        f.write(encode_cursor(end + 4096))
+    with pytest.raises(Exception, match=r"CursorError.*beyond the end of the log"):
         available_now(spark, path, tmp_path, group="g")
 
 

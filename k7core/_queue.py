@@ -27,6 +27,7 @@ from ._errors import (
 from ._format import (
     DEFAULT_SEGMENT_SIZE,
     FRAME_HEADER,
+    MAX_OFFSET,
     MAX_PAYLOAD,
     MAX_SEGMENT_SIZE,
     POSITION_FILE,
@@ -831,6 +832,7 @@ class Queue(Resource):
         without a group, such as a tail that calls ``read_columnar(after)`` again when this
         is larger."""
         self._check_open()
+        after = check_int(after, "after", -1, MAX_OFFSET)
         deadline = time.monotonic() + check_timeout(timeout)
         while True:
             end = self._visible_end()
@@ -887,6 +889,7 @@ class Queue(Resource):
         segment), without a Python object per message. No consumer group is involved.
         """
         self._check_open()
+        offset = check_int(offset, "offset", 0, MAX_OFFSET)
         max_messages = check_count(max_messages, "max_messages")
         starts = _ZERO * max_messages
         lens = _ZERO * max_messages

@@ -134,6 +134,37 @@ def _open_error(path: Path, exc: OSError) -> StorageError:
     )
 
 
+def read_file(path: Path) -> bytes:
+    """The whole content of a (small) file of the queue directory, through :func:`open_fd`."""
+    fd = open_fd(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def write_file_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
+    """Replace ``path`` with ``data`` atomically and durably: a temporary file (created
+    through :func:`open_fd`), written and fsynced, renamed over ``path``, directory fsynced.
+    A crash leaves the old content or the new one, never a mix."""
+    tmp = path.with_name(path.name + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # one left by a crash
+    fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        fsync_file(fd, tmp)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
 def try_lock(fd: int, *, exclusive: bool = True) -> bool:
     """Take a non-blocking flock; False when another open file holds it."""
     try:

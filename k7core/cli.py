@@ -55,7 +55,15 @@ from ._group import check_cursor
 from ._kernel import SCAN_CORRUPT, SCAN_OK, ffi, lib
 from ._queue import Queue
 from ._stats import LAG_COUNT_LIMIT, GroupInfo, SegmentInfo, list_segment_infos, read_cursors
-from ._storage import frames_end, last_data, lock_is_free, map_file, next_frame, try_lock
+from ._storage import (
+    frames_end,
+    last_data,
+    lock_is_free,
+    map_file,
+    next_frame,
+    open_fd,
+    try_lock,
+)
 
 EXIT_CORRUPT = 1
 EXIT_ERROR = 3
@@ -599,7 +607,7 @@ def group_seek(d: Path, group: str, target: str) -> None:
 def group_delete(d: Path, group: str) -> None:
     """Delete GROUP's cursor file (refused while a consumer owns it)."""
     path = _existing_group(d, group)
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    fd = open_fd(path, os.O_RDWR)
     try:
         if not try_lock(fd):
             raise CliError(f"group {group!r} is owned by a running consumer; close it first")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -43,11 +44,11 @@ except ImportError as exc:
     raise MissingExtraError("k7core.spark", "spark", exc) from exc
 
 from .. import Queue
-from .._errors import DataLossError, K7Error, NotAQueueError, QueueLockedError
+from .._errors import DataLossError, K7Error, NotAQueueError, QueueLockedError, StorageError
 from .._format import check_group_name, cursor_name, decode_cursor
 from .._group import check_cursor
 from .._queue import ColumnarBatch
-from .._storage import list_segments
+from .._storage import list_segments, read_file
 
 if TYPE_CHECKING:
     from ._stream import K7StreamReader, K7StreamWriter
@@ -112,9 +113,11 @@ def _committed(path: Path, group: str, end: int) -> int:
     ``end`` (as its ``poll`` would say)."""
     cursor = path / cursor_name(check_group_name(group))
     try:
-        committed = decode_cursor(cursor.read_bytes())
-    except FileNotFoundError:
-        return 0
+        committed = decode_cursor(read_file(cursor))
+    except StorageError as exc:
+        if exc.errno == errno.ENOENT:
+            return 0
+        raise
     err = check_cursor(path, group, committed, end)
     if err is not None:
         raise err

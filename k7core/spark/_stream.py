@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterator
@@ -29,9 +30,9 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from .. import Queue
-from .._errors import GroupBusyError, K7Error, NotAQueueError
+from .._errors import GroupBusyError, K7Error, NotAQueueError, StorageError
 from .._format import check_group_name, cursor_name
-from .._storage import fsync_dir, list_segments
+from .._storage import list_segments, read_file, write_file_atomic
 from . import (
     BATCH_MESSAGES,
     LOSS_HINT,
@@ -343,18 +344,13 @@ class K7StreamWriter(_K7Sink, DataSourceStreamArrowWriter):
 
     def _load(self) -> dict[str, Any] | None:
         try:
-            with open(self.record, "rb") as f:
-                rec: dict[str, Any] = json.loads(f.read())
-        except FileNotFoundError:
-            return None
+            rec: dict[str, Any] = json.loads(read_file(Path(self.record)))
+        except StorageError as exc:
+            if exc.errno == errno.ENOENT:
+                return None
+            raise
         return rec
 
     def _save(self, rec: dict[str, Any]) -> None:
         """Replace the sink record atomically and durably."""
-        tmp = self.record + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(json.dumps(rec).encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.record)
-        fsync_dir(Path(self.path))
+        write_file_atomic(Path(self.record), json.dumps(rec).encode())

@@ -327,3 +327,16 @@ def test_corrupt_frame_hint_names_the_next_valid_frame(tmp_path: Path, damage: s
         with pytest.raises(k7core.CursorError, match="damaged at or before it") as refused:
             g.seek(offs[k] + 8)  # past the damage, but not where a frame starts
         assert refused.value.boundary == resume
+
+
+def test_read_columnar_and_wait_check_their_offsets(tmp_path: Path) -> None:
+    with k7core.Queue(tmp_path / "q", segment_size=4096, fsync="flush") as q:
+        q.enqueue_many([b"a", b"b"])
+        for bad, error in ((2**70, ValueError), (-8, ValueError), (True, TypeError),
+                           (1.0, TypeError), ("0", TypeError)):
+            with pytest.raises(error, match="offset"):
+                q.read_columnar(bad)  # type: ignore[arg-type]
+        for bad, error in ((2**70, ValueError), (True, TypeError), (0.5, TypeError)):
+            with pytest.raises(error, match="after"):
+                q.wait(bad, 0)  # type: ignore[arg-type]
+        assert q.wait(-1, 0) == q.end and len(q.read_columnar(0)) == 2

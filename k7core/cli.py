@@ -397,7 +397,7 @@ def _emit(out: IO[bytes], fmt: str, offsets: bool, offset: int, payload: memoryv
     out.write((b"%d\t" % offset if offsets else b"") + text + b"\n")
 
 
-def _start_offset(q: Queue, value: str) -> int:
+def _start_offset(q: Queue, value: str, param: str = "--from") -> int:
     if value == "earliest":
         return q.earliest()
     if value == "latest":
@@ -406,10 +406,10 @@ def _start_offset(q: Queue, value: str) -> int:
         off = int(value)
     except ValueError:
         raise click.BadParameter(
-            f"{value!r} is not 'earliest', 'latest' or an offset", param_hint="--from"
+            f"{value!r} is not 'earliest', 'latest' or an offset", param_hint=param
         ) from None
     if off < 0:
-        raise click.BadParameter("an offset is >= 0", param_hint="--from")
+        raise click.BadParameter("an offset is >= 0", param_hint=param)
     return off
 
 
@@ -586,13 +586,14 @@ def group_seek(d: Path, group: str, target: str) -> None:
     """Move GROUP's committed cursor (the group must not be owned by a running consumer)."""
     _existing_group(d, group)
     with Queue(d, readonly=True) as q:
-        off = _start_offset(q, target)
+        off = _start_offset(q, target, "OFFSET")
         with q.consumer_group(group, cursor_fsync="sync") as g:
             before = g.committed
             try:
                 g.seek(off)  # checks the offset as the library does
             except CursorError as exc:
-                raise click.BadParameter(str(exc), param_hint="OFFSET") from None
+                text = _cli_text(exc, {"directory": str(d), "group": group})
+                raise click.BadParameter(text, param_hint="OFFSET") from None
         earliest = q.earliest()
     click.echo(f"group {group!r}: committed {before} -> {off}")
     if off < earliest:

@@ -66,7 +66,7 @@ static PyObject *set_busy_error(PyObject *Py_UNUSED(module), PyObject *cls) {
  * the fast paths do not recognise at a glance, so one Python function words every error. */
 static PyObject *count_check, *timeout_check;
 
-static PyObject *set_checks(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *set_checks(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "set_checks(check_count, check_timeout)");
         return NULL;
@@ -478,7 +478,7 @@ static int offset_of(PyObject *o, int64_t *off) {
 
 /* message_offset(msg) -> the offset ack reads from a Message or an int (for nack and
  * k7async): -1 when it cannot be one. */
-static PyObject *message_offset(PyObject *module, PyObject *arg) {
+static PyObject *message_offset(PyObject *Py_UNUSED(module), PyObject *arg) {
     int64_t off;
     if (offset_of(arg, &off) < 0) return NULL;
     return PyLong_FromLongLong(off);
@@ -556,7 +556,7 @@ static PyObject *set_fault_msync(PyObject *Py_UNUSED(module), PyObject *arg) {
 }
 
 /* payload_size(data) -> its length in bytes, or the TypeError enqueue gives. */
-static PyObject *payload_size(PyObject *module, PyObject *arg) {
+static PyObject *payload_size(PyObject *Py_UNUSED(module), PyObject *arg) {
     Py_buffer buf;
     const uint8_t *p;
     int64_t n;

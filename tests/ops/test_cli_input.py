@@ -33,8 +33,11 @@ def test_group_seek_checks_the_offset_as_the_library_does(qdir: Path) -> None:
     r = k7("group", qdir, "seek", "b", str(offs[5] + 8))
     assert r.returncode == 2, (r.stdout, r.stderr)
     err = " ".join(r.stderr.decode().split())  # click wraps nothing, but be safe
-    assert str(info.value) in err
+    hint = info.value.hint
+    assert hint and str(info.value).removesuffix(f" ({hint})") in err  # hint said below
     assert f"it starts at {offs[5]}, the next one at {offs[6]}" in err
+    assert f"`k7 group {qdir} seek b {offs[6]}` to continue from the next frame" in err
+    assert "seek(" not in err
     for bad, words in ((end + 8, f"beyond the end of the log ({end})"),
                        (2**64, "beyond the end of the log")):
         r = k7("group", qdir, "seek", "b", str(bad))

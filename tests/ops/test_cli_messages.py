@@ -67,7 +67,7 @@ def test_group_seek_takes_a_negative_number_as_the_offset(q3: Path) -> None:
     r = k7("group", q3, "seek", "a", "-8")
     assert r.returncode == 2, said(r)
     assert "No such option" not in said(r)
-    assert ">= 0" in r.stderr.decode()
+    assert "Invalid value for OFFSET: an offset is >= 0" in r.stderr.decode()
 
 
 # ---------------------------------------------------------------------------------- hints

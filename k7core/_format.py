@@ -11,7 +11,6 @@ import struct
 from ._errors import StorageError
 
 FRAME_HEADER = 10
-FRAME_MAGIC = b"K\x01"  # the first two bytes of every frame: magic 0x4B, flags "committed"
 FRAME_ALIGN = 8
 MAX_PAYLOAD = 2**31 - 1
 MAX_OFFSET = 2**63 - 1  # offsets are int64 on disk (cursors) and in the kernel

@@ -410,17 +410,7 @@ class Queue(Resource):
             if frame_at(path, 0) or not frame_at(self.path / segment_name(prev), last - prev):
                 return
             size = os.stat(path, follow_symlinks=False).st_size
-            side = None
-            m = map_file(path, writable=False)
-            if m is not None:
-                try:
-                    if last_data(m.ptr, path, 0, m.size):  # never lose a byte: keep it aside
-                        side = f"k7py-stray-{segment_name(last)}"
-                        os.rename(path, self.path / side)
-                finally:
-                    m.close()
-            if side is None:
-                os.unlink(path)
+            side = self._discard_stray(last)
             if durable:
                 fsync_dir(self.path)
             self._bases.pop()
@@ -432,6 +422,24 @@ class Queue(Resource):
                 "(a failed roll): removed it%s; the log goes on in %s",
                 segment_name(last), f" (kept as {side})" if side else "", segment_name(prev),
             )
+
+    def _discard_stray(self, base: int) -> str | None:
+        """Remove the segment file at ``base``, which holds no frame: deleted, or renamed
+        to ``k7py-stray-seg-<base>.k7`` (returned) if it holds any non-zero byte."""
+        path = self.path / segment_name(base)
+        side = None
+        m = map_file(path, writable=False)
+        if m is not None:
+            try:
+                if last_data(m.ptr, path, 0, m.size):  # never lose a byte: keep it aside
+                    side = f"k7py-stray-{segment_name(base)}"
+                    os.rename(path, self.path / side)
+            finally:
+                m.close()
+        if side is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        return side
 
     def _prepare_spare(self, *, prefault: bool = True) -> None:
         """Start preparing the next segment. Pre-faulting dirties its pages (the kernel may
@@ -715,9 +723,9 @@ class Queue(Resource):
                     hint="another program wrote into the queue directory; move that file "
                     "away, then roll again",
                 )
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            log.warning("k7core: removed %s, left by a failed roll", segment_name(base))
+            side = self._discard_stray(base)
+            log.warning("k7core: removed %s, left by a failed roll%s", segment_name(base),
+                        f" (kept as {side})" if side else "")
 
     # ------------------------------------------------------------------ retention
 

@@ -10,7 +10,7 @@ from ._errors import CorruptFrameError, DataLossError, StorageError
 from ._format import FRAME_ALIGN, FRAME_HEADER, segment_name
 from ._kernel import SCAN_CORRUPT, SCAN_EMPTY, ffi, lib
 from ._native._fast import Fetcher
-from ._storage import Mapping, map_file, next_frame
+from ._storage import Mapping, last_data, map_file, next_frame
 
 if TYPE_CHECKING:
     from ._queue import Queue
@@ -107,7 +107,8 @@ class Reader:
     def _map_segment_for(self, pos: int) -> None:
         bases = self._queue._segment_bases()
         i = bisect.bisect_right(bases, pos) - 1
-        if i < 0 or i + 1 == len(bases) or self._map_size_is_stale(bases[i]):
+        fresh = i < 0 or i + 1 == len(bases) or self._map_size_is_stale(bases[i])
+        if fresh:
             bases = self._queue._segment_bases(refresh=True)
             i = bisect.bisect_right(bases, pos) - 1
         if i < 0:
@@ -121,7 +122,7 @@ class Reader:
             # still in the mapped segment, past its file's end: the file is shorter than
             # the segment's sealed end
             raise self._short(bases[i], pos)
-        self._map_segment(bases[i])
+        self._map_segment(bases[i], fresh=fresh)
 
     def _corrupt(self, pos: int) -> CorruptFrameError:
         """The frame at ``pos`` of the mapped segment is not valid; the hint names where
@@ -182,10 +183,11 @@ class Reader:
         segment was sealed there, so the next segment must start at ``pos``."""
         cur = int(self.c.base)
         bases = self._queue._segment_bases()
-        if pos not in bases:
+        fresh = pos not in bases
+        if fresh:
             bases = self._queue._segment_bases(refresh=True)
         if pos in bases and pos != cur:
-            self._map_segment(pos)
+            self._map_segment(pos, fresh=fresh)
             return
         if bases and pos < bases[0]:
             raise self._data_loss(pos, bases[0])
@@ -195,7 +197,7 @@ class Reader:
             local = pos - cur
             if local > m.size - FRAME_HEADER:
                 raise self._short(cur, pos)
-            if int(lib.k7_last_nonzero(m.ptr, local, m.size)) == local:
+            if last_data(m.ptr, self._queue.path / segment_name(cur), local, m.size) == local:
                 # only zeros follow: this segment was sealed at ``pos``, where the next
                 # segment should start
                 raise self._missing(pos, later)
@@ -206,15 +208,17 @@ class Reader:
             hint=f"seek to {later[0]} (the next segment)" if later else "seek past it",
         )
 
-    def _map_segment(self, base: int) -> None:
+    def _map_segment(self, base: int, *, fresh: bool = False) -> None:
         """Map the segment at ``base``. A segment with a successor is sealed: its frames end
         where the successor begins (k7's rule), so the reader never looks past that point
-        (bytes a JVM writer's recovery left there are not part of the log)."""
+        (bytes a JVM writer's recovery left there are not part of the log). ``fresh``: the
+        queue's segment list was just read again, so it says whether one follows."""
         self.close()
         bases = self._queue._segment_bases()
-        if not bases or bases[-1] <= base:  # is it still the last one?
+        if not fresh and (not bases or bases[-1] <= base):  # is it still the last one?
             bases = self._queue._segment_bases(refresh=True)
-        later = [b for b in bases if b > base]
+        j = bisect.bisect_right(bases, base)
+        later = bases[j : j + 1]  # the next segment, if any
         try:
             m = map_file(self._queue.path / segment_name(base), writable=False)
         except StorageError as exc:

@@ -411,11 +411,7 @@ def frame_at(path: Path, local: int) -> bool:
     if m is None:
         return False
     try:
-        pos, ln, nxt = ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int64_t *")
-        status = ffi.new("int32_t *")
-        return 0 <= local < m.size and bool(
-            lib.k7_scan(m.ptr, m.size, local, m.size, 1, pos, ln, nxt, status)
-        )
+        return 0 <= local < m.size and _frame_end(m, local, m.size) >= 0
     finally:
         m.close()
 

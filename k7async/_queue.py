@@ -14,9 +14,9 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 import k7core
 from k7core import Fsync
+from k7core._checks import message_list
 from k7core._format import FRAME_HEADER, MAX_PAYLOAD
 from k7core._native._fast import payload_size
-from k7core._queue import message_list
 
 from ._bridge import Payload, run_in_thread
 from ._consumer import MessageStream, consumer_group_channel
@@ -76,7 +76,7 @@ class AsyncQueue:
         self._check_open()
         n = len(data) if type(data) is bytes else payload_size(data)  # enqueue's TypeError
         if n > self._max_payload:
-            self._queue._check_size(n)  # raises MessageTooLargeError
+            self._queue.check_message_size(n)
         job, i = self._writer.submit_one(data)
         return (await job.wait())[i]
 

@@ -19,7 +19,6 @@ from ._errors import InvalidNameError as InvalidNameError
 from ._errors import K7Error as K7Error
 from ._errors import LockedError as LockedError
 from ._errors import MessageTooLargeError as MessageTooLargeError
-from ._errors import MissingExtraError as MissingExtraError
 from ._errors import NotAQueueError as NotAQueueError
 from ._errors import QueueLockedError as QueueLockedError
 from ._errors import ReadOnlyError as ReadOnlyError
@@ -62,7 +61,6 @@ __all__ = [
     "LockedError",
     "Message",
     "MessageTooLargeError",
-    "MissingExtraError",
     "NotAQueueError",
     "Queue",
     "QueueLockedError",

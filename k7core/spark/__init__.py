@@ -19,14 +19,14 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .._errors import MissingExtraError
+from .._errors import MissingExtraError as _MissingExtraError
 
 try:
     import pyarrow  # noqa: F401
     from pyspark.sql.datasource import DataSource
     from pyspark.sql.types import StructType
 except ImportError as exc:
-    raise MissingExtraError("k7core.spark", "spark", exc) from exc
+    raise _MissingExtraError("k7core.spark", "spark", exc) from exc
 
 from .. import K7Error
 from ._arrow import source_schema as _source_schema

@@ -147,12 +147,13 @@ def _named_in(fn: Any, ours: dict[str, type]) -> Iterator[Any]:
 
 def _annotated(obj: Any) -> Iterator[tuple[str, Any]]:
     """(name, function): ``obj`` itself if it is a function; for a class, its own public
-    methods, ``__init__`` and properties."""
+    methods and properties (not ``__init__``: a class users get from a call, such as
+    ``ConsumerGroup``, is built from parts they never hold)."""
     if inspect.isfunction(obj):
         yield obj.__qualname__, obj
         return
     for n, member in vars(obj).items():
-        if n.startswith("_") and n != "__init__":
+        if n.startswith("_"):
             continue
         fn = member.fget if isinstance(member, property) else getattr(member, "__func__", member)
         if inspect.isfunction(fn):

@@ -29,9 +29,9 @@ import crc32c
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from k7core._native._k7 import ffi, lib
 
 from k7core._native import _reference as ref
+from k7core._native._k7 import ffi, lib
 
 SETTINGS = settings(
     max_examples=200,

@@ -32,6 +32,7 @@ SEGMENT_RE = re.compile(r"^seg-(\d{20})\.k7$")
 CURSOR_PREFIX = "cursor-"
 CURSOR_SUFFIX = ".k7"
 # Files this project adds; k7 (JVM) ignores them: not seg-*.k7, not cursor-*.k7.
+OWN_PREFIX = "k7py-"  # every one of them starts so
 WRITER_LOCK = "k7py-writer.lock"
 POSITION_FILE = "k7py-position"
 SPARE_SEGMENT = "k7py-spare.seg"  # the next segment, being prepared (not a segment yet)
@@ -93,6 +94,22 @@ def decode_frame_header(data: bytes | bytearray | memoryview, pos: int = 0) -> t
 
 def segment_name(base: int) -> str:
     return f"seg-{base:020d}.k7"
+
+
+def torn_name(base: int, pos: int, ns: int) -> str:
+    """The side file of the bytes that recovery cut at ``pos`` of the segment at ``base``,
+    at ``ns`` (``time.time_ns()``)."""
+    return f"{OWN_PREFIX}torn-{base:020d}-{pos:012d}-{ns}.bin"
+
+
+def stray_name(base: int) -> str:
+    """Where a frameless stray segment at ``base`` that holds data is kept aside."""
+    return f"{OWN_PREFIX}stray-{segment_name(base)}"
+
+
+def orphaned_name(base: int) -> str:
+    """The image of the segment at ``base`` whose file a writer found lost."""
+    return f"{OWN_PREFIX}orphaned-{segment_name(base)}"
 
 
 def segment_base(name: str, directory: str | os.PathLike[str]) -> int | None:

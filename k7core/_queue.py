@@ -26,10 +26,12 @@ from ._errors import (
 )
 from ._format import (
     DEFAULT_SEGMENT_SIZE,
+    FRAME_ALIGN,
     FRAME_HEADER,
     MAX_OFFSET,
     MAX_PAYLOAD,
     MAX_SEGMENT_SIZE,
+    OWN_PREFIX,
     POSITION_FILE,
     POSITION_FILE_SIZE,
     SEGMENT_RE,
@@ -37,10 +39,14 @@ from ._format import (
     SPARE_SEGMENT,
     WRITER_LOCK,
     Fsync,
+    cursor_group,
     cursor_name,
     frame_size,
+    orphaned_name,
     parse_fsync,
     segment_name,
+    stray_name,
+    torn_name,
 )
 from ._kernel import BADOFFSETS, EIO, NOFIT, TOOLARGE, address, ffi, lib, owned
 from ._native._fast import CLOSED, Appender
@@ -247,8 +253,10 @@ class Queue(Resource):
         self._bulk_readers: list[Reader] = []
         self.path = Path(path)
         self.segment_size = check_int(segment_size, "segment_size", 64)
-        if self.segment_size % 8:
-            raise ValueError(f"segment_size must be a multiple of 8, not {segment_size!r}")
+        if self.segment_size % FRAME_ALIGN:
+            raise ValueError(
+                f"segment_size must be a multiple of {FRAME_ALIGN}, not {segment_size!r}"
+            )
         if self.segment_size > MAX_SEGMENT_SIZE:
             raise ValueError(
                 f"segment_size must be at most {MAX_SEGMENT_SIZE} (2 GiB - 8), not "
@@ -357,8 +365,8 @@ class Queue(Resource):
         base = self._bases[-1]
         path = self.path / segment_name(base)
         size = path.stat().st_size
-        if size % 8:  # cut by hand inside a frame's padding: keep offsets 8-aligned
-            os.truncate(path, size + 8 - size % 8)
+        if size % FRAME_ALIGN:  # cut by hand inside a frame's padding: keep offsets aligned
+            os.truncate(path, size + FRAME_ALIGN - size % FRAME_ALIGN)
         m = map_file(path, writable=True)
         count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
         end = 0 if m is None else int(lib.k7_scan_end(m.ptr, m.size, count, status))
@@ -432,7 +440,7 @@ class Queue(Resource):
         if m is not None:
             try:
                 if last_data(m.ptr, path, 0, m.size):  # never lose a byte: keep it aside
-                    side = f"k7py-stray-{segment_name(base)}"
+                    side = stray_name(base)
                     os.rename(path, self.path / side)
             finally:
                 m.close()
@@ -456,7 +464,7 @@ class Queue(Resource):
         last = last_data(m.ptr, self.path / segment_name(base), end, m.size)
         if last <= end:
             return
-        side = self.path / f"k7py-torn-{base:020d}-{end:012d}-{time.time_ns()}.bin"
+        side = self.path / torn_name(base, end, time.time_ns())
         side_fd = open_fd(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.file_mode)
         with os.fdopen(side_fd, "wb") as f:
             f.write(m.read(end, last))
@@ -609,7 +617,7 @@ class Queue(Resource):
         if n > MAX_PAYLOAD or frame_size(n) > self.segment_size:
             raise MessageTooLargeError(
                 f"a message of {n} bytes does not fit in a segment of {self.segment_size} "
-                f"bytes (frame header {FRAME_HEADER} bytes, 8-byte aligned)",
+                f"bytes (frame header {FRAME_HEADER} bytes, {FRAME_ALIGN}-byte aligned)",
                 path=self.path,
                 hint="raise segment_size or split the message",
             )
@@ -637,7 +645,7 @@ class Queue(Resource):
         except FileNotFoundError:
             pass
         w.err = errno.ESTALE  # the kernel refuses every later append
-        side = self.path / f"k7py-orphaned-{segment_name(base)}"
+        side = self.path / orphaned_name(base)
         try:  # a segment image: renamed back, it restores the frames
             fd = open_fd(side, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
             try:
@@ -1103,9 +1111,9 @@ class Queue(Resource):
     def _remove_files(self) -> None:
         """Delete every file of the queue, the writer lock last (we still hold it)."""
         for name in os.listdir(self.path):
-            if SEGMENT_RE.match(name) or (
-                name.startswith("cursor-") and name.endswith(".k7")
-            ) or (name.startswith("k7py-") and name != WRITER_LOCK and name != "k7py-staging"):
+            if SEGMENT_RE.match(name) or cursor_group(name) is not None or (
+                name.startswith(OWN_PREFIX) and name != WRITER_LOCK and name != "k7py-staging"
+            ):
                 with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                     os.unlink(self.path / name)
         with contextlib.suppress(FileNotFoundError):

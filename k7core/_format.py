@@ -1,6 +1,7 @@
-"""The on-disk format (docs/format.md) in Python: its constants, taken from the kernel's
-header ``k7.h`` through the compiled module (so that header is their one source), the
-file names, and the cursor codec. Shared by the writer, the readers, the CLI and spark."""
+"""The on-disk format (docs/format.md) in Python: its numbers, taken from the kernel's
+header ``k7.h`` through the compiled module (so that header is their one source), the file
+names, and the cursor and frame-header codecs. Shared by the writer, the readers, the
+groups, stats, the CLI and spark."""
 
 from __future__ import annotations
 

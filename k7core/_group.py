@@ -27,6 +27,7 @@ from ._errors import (
 from ._flusher import FlushSlot
 from ._format import (
     CURSOR_FILE_SIZE,
+    CURSOR_SIZE,
     Fsync,
     check_group_name,
     cursor_name,
@@ -155,7 +156,7 @@ class ConsumerGroup(Resource):
             self._file_id = (st.st_dev, st.st_ino)
             res.map = Mapping(res.fd, CURSOR_FILE_SIZE, writable=True)
             c = self._c = res.c = ffi.new("k7_cursor *")
-            self._dummy = ffi.new("uint8_t[8]")
+            self._dummy = ffi.new(f"uint8_t[{CURSOR_SIZE}]")
             c.map = res.map.ptr
             c.mode = self.cursor_fsync.code
             if self.cursor_fsync is Fsync.ASYNC:
@@ -448,12 +449,12 @@ class ConsumerGroup(Resource):
             self._cap = 0
             self._fetch.detach()
             self._reader = None
-            err = lib.k7_msync(self._c.map, 0, 8)  # k7 flushes the cursor on close, always
+            err = lib.k7_msync(self._c.map, 0, CURSOR_SIZE)  # k7 flushes it on close, always
             committed = int(lib.k7_committed(self._f))
             self._finalizer()
             # The cursor file is unmapped: point the C cursor at private memory and forget what
             # was in flight, so a late ack/seek/nack touches nothing and reports ClosedError.
-            self._c.map, self._c.mode = self._dummy, 0
+            self._c.map, self._c.mode = self._dummy, lib.K7_MODE_FLUSH
             lib.k7_reset(self._f, lib.k7_committed(self._f))
             if self._registry is not None:
                 self._registry.discard(self)

@@ -69,7 +69,7 @@ def test_no_import_circle() -> None:
         stack.append(m)
         for t in graph[m]:
             if state.get(t) == 1:
-                cycles.append(stack[stack.index(t):] + [t])
+                cycles.append([*stack[stack.index(t):], t])
             elif t not in state:
                 visit(t)
         stack.pop()

@@ -71,7 +71,6 @@ from __future__ import annotations
 import mmap
 import os
 import random
-import struct
 import sys
 import time
 
@@ -195,22 +194,37 @@ def _try(argv: list[str]) -> None:
             _out(type(exc).__name__)
 
 
+def _position(d: str) -> mmap.mmap:
+    """The queue's position file (a k7_pos, k7.h), mapped read-only."""
+    from k7core._format import POSITION_FILE, POSITION_FILE_SIZE
+
+    fd = os.open(os.path.join(d, POSITION_FILE), os.O_RDONLY)
+    try:
+        return mmap.mmap(fd, POSITION_FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fd)
+
+
+def _waiters(pos: mmap.mmap) -> int:
+    """Readers blocked in a wait on the mapped position file ``pos``."""
+    from k7core._kernel import ffi
+
+    return int(ffi.from_buffer("k7_pos *", pos).waiters)
+
+
 def _wake(argv: list[str]) -> None:
     import k7core
 
     d, fsync = argv
     q = k7core.Queue(d, fsync=fsync, segment_size=1 << 20)
-    # The position file is k7_pos (k7.h): u64 end, u32 seq, u32 waiters (native order).
-    fd = os.open(os.path.join(d, "k7py-position"), os.O_RDONLY)
-    pos = mmap.mmap(fd, 16, mmap.MAP_SHARED, mmap.PROT_READ)
-    os.close(fd)
+    pos = _position(d)
     _out("ready")
     for line in sys.stdin:
         i = int(line)
         deadline = time.monotonic() + 5.0
         saw = 0
         while time.monotonic() < deadline:  # condition polling, bounded: not a sync sleep
-            if struct.unpack_from("=I", pos, 12)[0] > 0:
+            if _waiters(pos) > 0:
                 saw = 1
                 break
             time.sleep(0.0005)
@@ -224,14 +238,12 @@ def _open_on_wait(argv: list[str]) -> None:
     import k7core
 
     d, fsync = argv
-    fd = os.open(os.path.join(d, "k7py-position"), os.O_RDONLY)
-    pos = mmap.mmap(fd, 16, mmap.MAP_SHARED, mmap.PROT_READ)
-    os.close(fd)
+    pos = _position(d)
     _out("ready")
     deadline = time.monotonic() + 5.0
     saw = 0
     while time.monotonic() < deadline:  # condition polling, bounded: not a sync sleep
-        if struct.unpack_from("=I", pos, 12)[0] > 0:
+        if _waiters(pos) > 0:
             saw = 1
             break
         time.sleep(0.0005)

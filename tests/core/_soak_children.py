@@ -51,6 +51,7 @@ import time
 from _children import payload
 
 import k7core
+from k7core._format import CURSOR_SIZE, decode_cursor
 
 SEGMENT = 64 << 10  # a roll (and a retention pass) every ~530 messages
 RATE = 10_000  # messages per second, at most
@@ -147,7 +148,7 @@ def _writer(argv: list[str]) -> None:
         while True:
             if _asked() is not None:
                 return True
-            low = min(struct.unpack(">q", os.pread(fd, 8, 0))[0] for fd in cursors)
+            low = min(decode_cursor(os.pread(fd, CURSOR_SIZE, 0)) for fd in cursors)
             if i - start <= (time.monotonic() - t0) * RATE and offset_of(i) - low <= LAG_CAP:
                 return False
             time.sleep(0.002)  # pacing: the readers move the cursors, the clock the rate

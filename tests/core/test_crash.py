@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import struct
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import pytest
 from _childproc import Child, frame_size, payload
 
 import k7core
+from k7core._format import cursor_name, decode_cursor
 
 STRATEGIES = ("flush", "async", "sync")
 SEED = int(os.environ.get("K7_CRASH_SEED", "7"))
@@ -40,8 +40,7 @@ def rng_for(name: str) -> random.Random:
 
 
 def read_cursor(directory: Path, group: str) -> int:
-    with open(directory / f"cursor-{group}.k7", "rb") as f:
-        return int(struct.unpack(">q", f.read(8))[0])
+    return decode_cursor((directory / cursor_name(group)).read_bytes())
 
 
 # --------------------------------------------------------------------------------------

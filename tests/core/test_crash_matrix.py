@@ -27,13 +27,13 @@ from __future__ import annotations
 import os
 import random
 import signal
-import struct
 from pathlib import Path
 
 import pytest
 from _childproc import Child, frame_size, payload
 
 import k7core
+from k7core._format import cursor_name, decode_cursor
 
 STRATEGIES = ("flush", "async", "sync")
 PHASES = ("enqueue", "roll", "retention", "ack", "close")
@@ -72,8 +72,7 @@ def _check_log(qdir: Path, fsync: str) -> tuple[int | None, list[int], int]:
 
 
 def _read_cursor(qdir: Path) -> int:
-    with open(qdir / "cursor-g.k7", "rb") as f:
-        return int(struct.unpack(">q", f.read(8))[0])
+    return decode_cursor((qdir / cursor_name("g")).read_bytes())
 
 
 def _kill_once(

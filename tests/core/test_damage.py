@@ -6,12 +6,12 @@ library deliver a wrong payload, and ``seek`` recovers a group."""
 from __future__ import annotations
 
 import os
-import struct
 from pathlib import Path
 
 import pytest
 
 import k7core
+from k7core._format import cursor_name, encode_cursor
 
 SEGMENT = 256
 
@@ -26,8 +26,8 @@ def _msg(i: int) -> bytes:
 
 
 def _set_cursor(qdir: Path, group: str, value: int) -> None:
-    with open(qdir / f"cursor-{group}.k7", "r+b") as f:
-        f.write(struct.pack(">q", value))
+    with open(qdir / cursor_name(group), "r+b") as f:
+        f.write(encode_cursor(value))
 
 
 def _drain(g: k7core.ConsumerGroup) -> list[bytes]:
@@ -254,7 +254,7 @@ def test_cursor_replaced_under_an_open_group(tmp_path: Path) -> None:
         g = q.consumer_group("g")
         g.ack_many(g.poll(max_batch=5, timeout=0))
         other = qdir / "other"
-        other.write_bytes(struct.pack(">q", offs[2]))
+        other.write_bytes(encode_cursor(offs[2]))
         os.replace(other, qdir / "cursor-g.k7")
         with pytest.raises(k7core.StorageError, match="replaced") as info:
             g.close()

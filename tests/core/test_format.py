@@ -122,6 +122,21 @@ def decode_queue(d: Path) -> Decoded:
     return out
 
 
+def test_format_module_states_this_format() -> None:
+    """k7core's one source of the format's numbers (``_format``, fed from ``k7.h``) says what
+    this decoder reads."""
+    from k7core import _format
+
+    assert (_format.FRAME_MAGIC, _format.FRAME_FLAG_COMMITTED) == (MAGIC, FLAG_COMMITTED)
+    assert (_format.FRAME_HEADER, _format.FRAME_ALIGN) == (HEADER, ALIGN)
+    assert _format.CURSOR_FILE_SIZE == CURSOR_SIZE
+    assert _format.encode_cursor(-2) == struct.pack(">q", -2)
+    assert _format.encode_frame_header(5, 7) == bytes([MAGIC, FLAG_COMMITTED]) + struct.pack(
+        ">II", 5, 7
+    )
+    assert all(_format.frame_size(n) == fsize(n) for n in range(64))
+
+
 def test_decoder_crc_is_crc32c() -> None:
     """The decoder's CRC is CRC32C (Castagnoli), standard check value."""
     assert crc(b"123456789") == 0xE3069283

@@ -9,7 +9,6 @@ Children run with ``sys.executable`` and are killed and reaped in ``finally`` bl
 from __future__ import annotations
 
 import signal
-import struct
 import time
 from pathlib import Path
 
@@ -17,13 +16,15 @@ import pytest
 from _childproc import Child, frame_size, payload
 
 import k7core
+from k7core._format import POSITION_FILE, POSITION_FILE_SIZE
+from k7core._kernel import ffi
 
 
 def waiters(qdir: Path) -> int:
-    """The shared count of readers blocked in poll (k7.h ``k7_pos``: u64 end, u32 seq,
-    u32 waiters, native order, in k7py-position)."""
-    with open(qdir / "k7py-position", "rb") as f:
-        return int(struct.unpack_from("=I", f.read(16), 12)[0])
+    """The shared count of readers blocked in poll (``k7_pos.waiters`` in the position
+    file)."""
+    with open(qdir / POSITION_FILE, "rb") as f:
+        return int(ffi.from_buffer("k7_pos *", f.read(POSITION_FILE_SIZE)).waiters)
 
 
 # --------------------------------------------------------------------------------------

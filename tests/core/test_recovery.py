@@ -36,6 +36,8 @@ from hypothesis import strategies as st
 
 import k7core
 
+# The format restated independently of k7core, as in test_format.py: this file's validator
+# checks what recovery keeps against the rules, not against k7core's own constants.
 HEADER = 10
 SEGMENT_SIZE = 8192
 

@@ -9,7 +9,6 @@ test learns it is there from the state it waits on, not from a sleep.
 from __future__ import annotations
 
 import mmap
-import struct
 import threading
 import time
 from pathlib import Path
@@ -17,6 +16,8 @@ from pathlib import Path
 import pytest
 
 import k7core
+from k7core._format import POSITION_FILE, POSITION_FILE_SIZE
+from k7core._kernel import ffi
 
 DEADLINE = 30.0
 
@@ -33,12 +34,12 @@ def test_group_used_while_another_thread_polls(tmp_path: Path) -> None:
         g = q.consumer_group("g")
         got: list[list[k7core.Message]] = []
         t = threading.Thread(target=lambda: got.append(g.poll(max_batch=8, timeout=DEADLINE)))
-        with open(tmp_path / "q" / "k7py-position", "rb") as f:
-            pos = mmap.mmap(f.fileno(), 16, prot=mmap.PROT_READ)
+        with open(tmp_path / "q" / POSITION_FILE, "rb") as f:
+            pos = mmap.mmap(f.fileno(), POSITION_FILE_SIZE, prot=mmap.PROT_READ)
         try:
             t.start()
             # the poller is asleep in the kernel once it registered as a waiter
-            _wait_for(lambda: struct.unpack_from("=I", pos, 12)[0] > 0, "the poller to wait")
+            _wait_for(lambda: ffi.from_buffer("k7_pos *", pos).waiters > 0, "the poller to wait")
         finally:
             pos.close()
         for call in (lambda: g.poll(max_batch=1, timeout=0), lambda: g.ack(0),

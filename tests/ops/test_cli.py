@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import k7core
+from k7core._format import encode_frame_header
 
 K7 = Path(sys.executable).parent / "k7"
 SEG = 4096
@@ -157,15 +158,17 @@ def test_verify_reports_corrupt_frames_and_the_torn_tail(qdir: Path) -> None:
         f.write(b"\xff")  # a payload byte: the CRC no longer matches
     last_base = int(segs[-1].name[4:24])
     end = offs[-1] + k7core.frame_size(len(msg(199)))
+    torn = encode_frame_header(0x30, 0) + b"half"  # a torn frame after a gap of 16 bytes
     with open(segs[-1], "r+b") as f:
         f.seek(end - last_base + 16)
-        f.write(b"K\x01\x00\x00\x00\x30half")  # a torn frame after a gap
+        f.write(torn)
     before = snapshot(qdir)
     r = k7("verify", qdir)
     assert r.returncode == 1, (r.stdout, r.stderr)
     out = r.stdout.decode()
     assert f"corrupt frame: {segs[1].name} offset {bad} " in out
-    assert f"torn tail: {segs[-1].name} offset {end} " in out and "26 bytes" in out
+    assert f"torn tail: {segs[-1].name} offset {end} " in out
+    assert f"{16 + len(torn)} bytes" in out
     assert "199 valid frames" in out  # every other frame, the ones after the bad one too
     assert snapshot(qdir) == before  # no side file, nothing cut
 
@@ -287,7 +290,7 @@ def test_repair_cuts_the_torn_tail_into_a_side_file(qdir: Path) -> None:
     end = offs[-1] + k7core.frame_size(len(msg(199)))
     last = max(p for p in qdir.iterdir() if p.name.startswith("seg-"))
     base = int(last.name[4:24])
-    torn = b"K\x01\x00\x00\x00\x40torn!"
+    torn = encode_frame_header(0x40, 0) + b"torn!"
     with open(last, "r+b") as f:
         f.seek(end - base)
         f.write(torn)

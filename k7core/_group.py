@@ -253,6 +253,12 @@ class ConsumerGroup(Resource):
         return self._read_raw(max_batch)
 
     def _read_raw(self, max_batch: int) -> list[Message]:
+        msgs = self._read_segment(max_batch)
+        return self._read_on(msgs, max_batch) if 0 < len(msgs) < max_batch else msgs
+
+    def _read_segment(self, max_batch: int) -> list[Message]:
+        """Up to ``max_batch`` messages of one segment (crossing into the next when the
+        current one has none left)."""
         rd = self._reader
         assert rd is not None
         if max_batch > self._cap:
@@ -264,15 +270,20 @@ class ConsumerGroup(Resource):
             if not n:
                 return []
             msgs = self._fetch.collect(n)
-        return self._read_on(msgs, max_batch) if len(msgs) < max_batch else msgs
+        return msgs
 
     def _read_on(self, msgs: list[Message], max_batch: int) -> list[Message]:
-        """A short batch continues in the next segment when data is visible beyond it."""
+        """A short batch continues in the next segments while data is visible beyond it
+        (a loop: a batch may span any number of small segments)."""
         c = self._rc
-        if c.status != SCAN_CORRUPT and c.pos < c.end:
-            # deliver what was read; the next poll reports the loss or the damage
-            with contextlib.suppress(DataLossError, CorruptFrameError, StorageError):
-                msgs += self._read_raw(max_batch - len(msgs))
+        while len(msgs) < max_batch and c.status != SCAN_CORRUPT and c.pos < c.end:
+            try:  # deliver what was read; the next poll reports the loss or the damage
+                more = self._read_segment(max_batch - len(msgs))
+            except (DataLossError, CorruptFrameError, StorageError):
+                break
+            if not more:
+                break
+            msgs += more
         return msgs
 
     def _take_redeliveries(self, max_batch: int) -> list[Message]:

@@ -37,7 +37,7 @@ def imports(modules: dict[str, Path]) -> dict[str, list[tuple[str, list[str], in
     statement anywhere in the file (``TYPE_CHECKING`` blocks and functions included)."""
     out: dict[str, list[tuple[str, list[str], int]]] = {}
     for name, path in modules.items():
-        found = []
+        found: list[tuple[str, list[str], int]] = []
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 found += [(a.name, [], node.lineno) for a in node.names]

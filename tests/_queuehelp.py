@@ -23,7 +23,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -391,3 +391,45 @@ def offsets_of(d: str | os.PathLike[str]) -> list[int]:
     with k7core.Queue(d, readonly=True) as q:
         return [o for o, _ in read_records(q)]
 
+
+# ---------------------------------------------------------------------- use-after-close matrices
+
+
+def public_names(cls: type) -> list[str]:
+    """Every public name of ``cls`` (methods and properties, inherited ones included)."""
+    return sorted(n for n in dir(cls) if not n.startswith("_"))
+
+
+def close_cases(classes: Mapping[str, tuple[type, Sequence[str]]]) -> list[object]:
+    """The cases of a use-after-close matrix: ``(kind, member, closer)`` for every public
+    member of each kind's class and each way of closing it (``classes``: kind -> (class,
+    closers)); the first closer is the default and adds nothing to the test id."""
+    out: list[object] = []
+    for kind, (cls, closers) in classes.items():
+        for name in public_names(cls):
+            for k, closer in enumerate(closers):
+                suffix = f"-by-{closer}" if k else ""
+                out.append(pytest.param(kind, name, closer, id=f"{kind}.{name}{suffix}"))
+    return out
+
+
+def check_listed(kind: str, name: str, readable: str | None, call: object) -> None:
+    """A public member must have a call in the matrix or a reason to stay readable."""
+    assert readable or call is not None, (
+        f"{kind}.{name} is public but the matrix has no call for it: add one to CALLS (and"
+        " make it raise ClosedError after close) or a reason to STAY_READABLE"
+    )
+
+
+def expect_known(
+    request: pytest.FixtureRequest, known: tuple[type[BaseException] | None, str] | None
+) -> None:
+    """Mark the running test a strict xfail when ``known`` says what the member does
+    instead of raising ``ClosedError``: the exception it raises (``None``: it succeeds, so
+    ``pytest.raises`` fails) and why."""
+    if known is not None:
+        raised, reason = known
+        request.applymarker(pytest.mark.xfail(
+            strict=True, reason=reason,
+            raises=raised if raised is not None else pytest.fail.Exception,
+        ))

@@ -15,16 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = str(Path(__file__).resolve().parents[1])
+from tests._queuehelp import child_env
+
 CHILDREN = "tests._children"
-
-
-def child_env() -> dict[str, str]:
-    """This process's environment with the repository's root first on ``PYTHONPATH``."""
-    path = os.environ.get("PYTHONPATH")
-    return dict(os.environ, PYTHONPATH=ROOT if not path else ROOT + os.pathsep + path)
 
 
 #: Longest wait for one line of a child (or its exit): a stuck child fails the test with its

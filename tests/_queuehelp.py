@@ -40,6 +40,9 @@ from k7core._format import (
 )
 from k7core._kernel import ffi
 
+#: The repository's root: the directory that holds ``k7core``, ``k7async`` and ``tests``.
+ROOT = Path(__file__).resolve().parents[1]
+
 # ---------------------------------------------------------------------- the on-disk format
 
 #: Frame header: magic (1), flags (1), big-endian u32 length (4), big-endian u32 CRC32C (4).
@@ -323,6 +326,23 @@ def wait_until(cond: Callable[[], object], timeout: float = 10.0, what: str = "c
     """:func:`poll_until`, failing the test with ``what`` past ``timeout``."""
     assert poll_until(cond, timeout), f"timed out after {timeout} s waiting for {what}"
 
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment with the repository's root first on ``PYTHONPATH``, for
+    child processes that import ``k7core`` or ``tests.*``."""
+    root, path = str(ROOT), os.environ.get("PYTHONPATH")
+    return dict(os.environ, PYTHONPATH=root if not path else root + os.pathsep + path)
+
+
+def run_python(code: str, *args: str, timeout: float = 120) -> str:
+    """Run ``code`` with ``python -c`` in a child process (``args``: its ``sys.argv[1:]``;
+    environment: :func:`child_env`); return its stdout. Fails with the child's output unless
+    it exits with status 0."""
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=timeout, check=False, env=child_env())
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
 
 # ---------------------------------------------------------------------- checking a log
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._queuehelp import ROOT
+
 PACKAGES = ("k7core", "k7async")
 
 

@@ -26,8 +26,6 @@ import itertools
 import logging
 import os
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,7 @@ from tests._queuehelp import (
     drain,
     file_contents,
     frame_size,
+    run_python,
     segments,
     stored_cursor,
 )
@@ -862,7 +861,6 @@ def test_second_writer_same_process_is_locked(tmp_path: Path) -> None:
 def test_second_writer_other_process_is_locked(tmp_path: Path) -> None:
     """A writer in another process gets QueueLockedError while this one holds the queue."""
     d = qdir(tmp_path)
-    root = str(Path(k7core.__file__).resolve().parent.parent)
     code = (
         "import sys, k7core\n"
         "try:\n"
@@ -872,18 +870,11 @@ def test_second_writer_other_process_is_locked(tmp_path: Path) -> None:
         "else:\n"
         "    print('opened')\n"
     )
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with Q(d, fsync="flush") as q:
         q.enqueue(b"a")
-        r = subprocess.run(
-            [sys.executable, "-c", code, d], capture_output=True, text=True, env=env, timeout=60
-        )
-        assert r.stdout.strip() == "locked", r.stderr
+        assert run_python(code, d, timeout=60).strip() == "locked"
         assert q.enqueue(b"b") == 16
-    r = subprocess.run(
-        [sys.executable, "-c", code, d], capture_output=True, text=True, env=env, timeout=60
-    )
-    assert r.stdout.strip() == "opened", r.stderr
+    assert run_python(code, d, timeout=60).strip() == "opened"
 
 
 def test_readonly_open_beside_writer(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import k7core
-from tests._queuehelp import seg_bases, seg_name
+from tests._queuehelp import run_python, seg_bases, seg_name
 
 SEGMENT = 4096
 
@@ -38,12 +38,9 @@ def _child(qdir: Path, code: str) -> str:
     prog = f"import k7core, pathlib\nqdir = pathlib.Path({str(qdir)!r})\n"
     prog += textwrap.dedent(code)
     try:
-        done = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
-                              timeout=60)
+        return run_python(prog, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail("blocked on the FIFO")
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 EXPECT_STORAGE = """

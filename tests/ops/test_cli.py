@@ -20,6 +20,7 @@ from tests._queuehelp import (
     k7,
     offsets_of,
     read_all,
+    run_python,
     seg_bases,
     seg_paths,
     snapshot,
@@ -80,7 +81,7 @@ def test_python_dash_m_and_import_without_cli_deps(qdir: Path) -> None:
                        capture_output=True, timeout=K7_TIMEOUT, check=False)
     assert r.returncode == 0 and json.loads(r.stdout)["segment_count"] >= 3
     code = "import sys, k7core; assert not {'click', 'rich'} & set(sys.modules), sys.modules"
-    assert subprocess.run([sys.executable, "-c", code], timeout=K7_TIMEOUT).returncode == 0
+    run_python(code, timeout=K7_TIMEOUT)
 
 
 # ---------------------------------------------------------------------------------- verify

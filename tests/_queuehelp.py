@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Frame header: magic (1), flags (1), big-endian u32 length (4), big-endian u32 CRC32C (4).
 HEADER = 10
+MAGIC = 0x4B
+FLAG_COMMITTED = 0x01
 #: Frames start on 8-byte boundaries.
 ALIGN = 8
 SEG_RE = re.compile(r"^seg-(\d{20})\.k7$")
@@ -61,10 +63,6 @@ def frame_size(n: int) -> int:
 def crc32c(data: bytes) -> int:
     """CRC-32C (Castagnoli) of ``data``, by the ``crc32c`` package (not k7core's kernel)."""
     return int(_crc32c.crc32c(data))
-
-
-MAGIC = 0x4B
-FLAG_COMMITTED = 0x01
 
 
 def encode_frame(data: bytes) -> bytes:

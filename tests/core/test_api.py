@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import k7core
-from tests._queuehelp import drain, payloads
+from tests._queuehelp import drain, fill, payloads, seg_bases
 
 
 def test_public_names_are_exported() -> None:
@@ -174,6 +174,21 @@ def test_batch_crosses_segments_in_one_poll(tmp_path: Path) -> None:
         assert len(list(tmp_path.joinpath("q").glob("seg-*.k7"))) > 3
         with q.consumer_group("g") as cg:
             assert len(cg.poll(max_batch=20, timeout=0)) == 20
+
+
+@pytest.mark.xfail(
+    strict=True, raises=RecursionError,
+    reason="ConsumerGroup._read_raw / _read_on recurse once per segment crossed: a poll over "
+    "about 500 segments exceeds Python's recursion limit (hit by test_crash's roll tests)",
+)
+def test_one_poll_crosses_750_segments(tmp_path: Path) -> None:
+    """A large batch over many small segments (4 KiB, four 1000-byte messages each) comes
+    back whole in one poll."""
+    with k7core.Queue(tmp_path / "q", fsync="flush", segment_size=4096) as q:
+        offs = fill(q, 3000, size=1000)
+        assert len(seg_bases(q.path)) == 750
+        with q.consumer_group("g") as cg:
+            assert [m.offset for m in cg.poll(max_batch=4096, timeout=0)] == offs
 
 
 def test_clean_open_logs_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

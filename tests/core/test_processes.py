@@ -1,6 +1,7 @@
-"""Multi-process tests (DESIGN.md §3): a reader in this process follows a writer in a child
-process; writer and group locks hold across processes and are freed when the holder exits
-or is SIGKILLed; a read-only reader blocked in ``poll`` wakes promptly and sleeps (no spin).
+"""Multi-process tests (the rules are in docs/concurrency.md): a reader in this process
+follows a writer in a child process; writer and group locks hold across processes and are
+freed when the holder exits or is SIGKILLed; a read-only reader blocked in ``poll`` wakes
+promptly and sleeps (no spin).
 
 Synchronisation is by reading the child's stdout (``ready`` lines), never by sleeping.
 Children run with ``sys.executable`` and are killed and reaped in ``finally`` blocks.
@@ -13,19 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from _childproc import Child, frame_size, payload
 
 import k7core
-from k7core._format import POSITION_FILE, POSITION_FILE_SIZE
-from k7core._kernel import ffi
-
-
-def waiters(qdir: Path) -> int:
-    """The shared count of readers blocked in poll (``k7_pos.waiters`` in the position
-    file)."""
-    with open(qdir / POSITION_FILE, "rb") as f:
-        return int(ffi.from_buffer("k7_pos *", f.read(POSITION_FILE_SIZE)).waiters)
-
+from tests._childproc import Child
+from tests._queuehelp import frame_size, payload, waiters
 
 # --------------------------------------------------------------------------------------
 # (a) a reader in this process follows a writer in another

@@ -8,16 +8,13 @@ import logging
 from pathlib import Path
 
 import pytest
-from _childproc import Child
 
 import k7core
 from k7core._format import encode_frame_header
+from tests._childproc import Child
+from tests._queuehelp import fill
 
 SEG = 4096
-
-
-def fill(q: k7core.Queue, n: int, size: int = 100) -> list[int]:
-    return q.enqueue_many([b"%04d" % i + b"x" * (size - 4) for i in range(n)])
 
 
 def test_queue_stats_offsets_segments_groups(tmp_path: Path) -> None:

@@ -176,11 +176,6 @@ def test_batch_crosses_segments_in_one_poll(tmp_path: Path) -> None:
             assert len(cg.poll(max_batch=20, timeout=0)) == 20
 
 
-@pytest.mark.xfail(
-    strict=True, raises=RecursionError,
-    reason="ConsumerGroup._read_raw / _read_on recurse once per segment crossed: a poll over "
-    "about 500 segments exceeds Python's recursion limit (hit by test_crash's roll tests)",
-)
 def test_one_poll_crosses_750_segments(tmp_path: Path) -> None:
     """A large batch over many small segments (4 KiB, four 1000-byte messages each) comes
     back whole in one poll."""

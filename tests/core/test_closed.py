@@ -124,11 +124,7 @@ STAY_READABLE: dict[str, dict[str, str]] = {
 #: ``(kind, name, mode or None for both)`` -> (the exception raised, or ``None`` when the
 #: call succeeds; the reason). Each is a strict xfail: fixing it turns the xfail into a
 #: failure that says to remove the entry.
-KNOWN: dict[tuple[str, str, str | None], tuple[type[BaseException] | None, str]] = {
-    ("Queue", "check_message_size", None): (
-        None, "checks the size against the options only, not the closed state: returns None"
-    ),
-}
+KNOWN: dict[tuple[str, str, str | None], tuple[type[BaseException] | None, str]] = {}
 
 
 #: The class of each kind, and how it is closed: by its own ``close()``, and a group also by

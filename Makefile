@@ -25,10 +25,10 @@ bench-quick: venv
 
 # The fuzz driver (1,000,000 inputs), then the Python kernel tests, both under ASan + UBSan.
 sanitize: sanitize-python
-	bash tests/native/sanitize.sh 1 1000000
+	bash tests/k7core/native/sanitize.sh 1 1000000
 
 sanitize-python: venv
-	PYTHON=$(PY) bash tests/native/sanitize_python.sh
+	PYTHON=$(PY) bash tests/k7core/native/sanitize_python.sh
 
 kernel:
 	$(PY) setup.py -q build_ext --inplace

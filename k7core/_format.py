@@ -10,9 +10,13 @@ import errno
 import os
 import re
 import struct
+from typing import TYPE_CHECKING
 
 from ._errors import StorageError
 from ._kernel import lib
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 # Frames: magic, flags, big-endian length and CRC32C, the payload, zeros to FRAME_ALIGN.
 FRAME_MAGIC: int = lib.K7_MAGIC
@@ -88,7 +92,7 @@ def encode_frame_header(length: int, crc: int) -> bytes:
     return _FRAME.pack(FRAME_MAGIC, FRAME_FLAG_COMMITTED, length, crc)
 
 
-def decode_frame_header(data: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, ...]:
+def decode_frame_header(data: ReadableBuffer, pos: int = 0) -> tuple[int, ...]:
     """``(magic, flags, length, crc)`` of the frame header at ``data[pos:]``, unchecked."""
     return _FRAME.unpack_from(data, pos)
 

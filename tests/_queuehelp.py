@@ -3,7 +3,7 @@
 Import them as ``from tests._queuehelp import ...`` (the repository's root is on ``sys.path``
 through pytest's ``pythonpath`` setting; the older spelling ``from _queuehelp import ...``
 works too, ``tests/`` being on the path through its conftest). The child programs
-(``tests/_children.py``, ``tests/core/_soak_children.py``) import their message format from
+(``tests/_children.py``, ``tests/k7core/_soak_children.py``) import their message format from
 here too, so parent and child agree on the bytes of message ``i``.
 
 The frame and segment helpers (``frame_size``, ``encode_frame``, ``crc32c``, ``segments``, ...)

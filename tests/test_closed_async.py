@@ -3,7 +3,7 @@ method and property of an ``AsyncQueue`` (once ``open_queue``'s context has exit
 producer channel (once ``producer_channel``'s context has exited) and of a ``MessageStream``
 (after ``aclose()``, or once ``consumer_group_channel``'s context has exited) raises
 ``k7core.ClosedError``, and closing again is harmless. The sync matrix is
-``tests/core/test_closed.py``; this one works the same way (members by introspection, a table
+``tests/k7core/test_closed.py``; this one works the same way (members by introspection, a table
 of valid calls checked on the open objects, a reason for each member that stays readable,
 strict xfails in ``KNOWN`` for what raises something else today).
 
@@ -177,7 +177,7 @@ STAY_READABLE: dict[str, dict[str, str]] = {
         "closed": "tells whether the AsyncQueue is closed",
         "path": "the queue's directory: plain data",
         "fsync": "an option the queue was opened with: plain data",
-        "queue": "a reference to the k7core.Queue (its own matrix is tests/core/test_closed.py)",
+        "queue": "a reference to the k7core.Queue (its own matrix is tests/k7core/test_closed.py)",
         "writer": "a reference to the writer thread's object: its counters stay readable",
     },
     "producer channel": {

@@ -9,15 +9,15 @@ build or a number restated by hand in Python fails too.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from k7core import _format, _kernel
 from k7core._format import Fsync
 from k7core._native._k7 import ffi, lib
+from tests._queuehelp import ROOT
 
-HEADER = Path(__file__).resolve().parents[2] / "k7core" / "_native" / "k7.h"
+HEADER = ROOT / "k7core" / "_native" / "k7.h"
 
 # the Python counterpart of every #define of k7.h
 COUNTERPARTS: dict[str, int] = {

@@ -1,10 +1,10 @@
 """The kernel under AddressSanitizer and UndefinedBehaviorSanitizer.
 
-* ``tests/native/sanitize.sh`` compiles ``k7.c`` with ``-fsanitize=address,undefined`` into
+* ``tests/k7core/native/sanitize.sh`` compiles ``k7.c`` with ``-fsanitize=address,undefined`` into
   the fuzz driver ``fuzz_kernel.c`` and runs it over random and mutated segment images (see
   the driver's header). ``K7_FUZZ_ITERATIONS`` sets how many per seed (default 50,000, two
   seeds).
-* ``tests/native/sanitize_python.sh`` builds both compiled modules (``_k7``, the one build of
+* ``tests/k7core/native/sanitize_python.sh`` builds both compiled modules (``_k7``, the one build of
   ``k7.c``, and ``_fast``, which calls it) with the same sanitizers in a copy of the package and
   runs the Python kernel, recovery, format, API, fault, spare and thread tests against them.
 

@@ -1,6 +1,6 @@
 """Child-process programs of the soak test (not a test module); see ``test_soak.py``.
 
-Run as ``python -m tests.core._soak_children <mode> <args...>`` (``tests._childproc.Child``
+Run as ``python -m tests.k7core._soak_children <mode> <args...>`` (``tests._childproc.Child``
 with ``program=``). Messages are ``tests._queuehelp.payload(i)``
 and the log starts at offset 0 with message 0, so message ``i`` sits at
 :func:`offset_of` ``(i)`` (frames follow each other across segment ends): every process

@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import _reference as ref
 import crc32c
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -33,6 +32,8 @@ from hypothesis import strategies as st
 
 from k7core._format import CURSOR_SIZE, encode_cursor
 from k7core._native._k7 import ffi, lib
+from tests._queuehelp import ROOT
+from tests.k7core.native import _reference as ref
 
 SETTINGS = settings(
     max_examples=200,
@@ -168,7 +169,7 @@ def sw_crc(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int, int, int]
     """
     from cffi import FFI
 
-    src = Path(__file__).resolve().parents[2] / "k7core" / "_native"
+    src = ROOT / "k7core" / "_native"
     tmp = tmp_path_factory.mktemp("k7sw")
     (tmp / "k7sw_wrap.c").write_text(
         f'#include "{src / "k7.c"}"\n'

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import k7core
 from k7core.cli import cli
 from tests._queuehelp import consume, encode_frame, read_records, records, seg_bases, seg_name
-from tests.core import _jvmlike
+from tests.k7core import _jvmlike
 
 SEGMENT = 4096
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Build the k7 kernel with AddressSanitizer + UndefinedBehaviorSanitizer into the fuzz driver
-# (tests/native/fuzz_kernel.c) and run it: sanitize.sh [SEED] [ITERATIONS] [OUTDIR].
+# (tests/k7core/native/fuzz_kernel.c) and run it: sanitize.sh [SEED] [ITERATIONS] [OUTDIR].
 # Any out-of-bounds access, use after free, signed overflow or other undefined behaviour
 # aborts with a report; so does a broken invariant. Needs only gcc.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-native="$here/../../k7core/_native"
+native="$here/../../../k7core/_native"
 seed="${1:-1}"
 iterations="${2:-200000}"
 out="${3:-$(mktemp -d)}"

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-NATIVE = Path(__file__).resolve().parents[2] / "k7core" / "_native"
+from tests._queuehelp import ROOT
+
+NATIVE = ROOT / "k7core" / "_native"
 CFLAGS = ["-std=c11", "-Wall", "-Wextra", "-fno-strict-aliasing", "-Werror", "-fsyntax-only"]
 
 

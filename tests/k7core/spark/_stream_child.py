@@ -64,7 +64,7 @@ class StreamChild:
                 [sys.executable, __file__, *map(str, paths)],
                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=err,
             )
-        return cls(*paths, log, payloads, process)
+        return cls(paths[0], paths[1], paths[2], paths[3], log, payloads, process)
 
 
 def main(source: str, checkpoints: str, parquet_out: str, k7_out: str) -> None:

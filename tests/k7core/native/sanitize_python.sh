@@ -2,14 +2,14 @@
 # Build both compiled kernel modules (k7core._native._k7 through cffi, k7core._native._fast)
 # with AddressSanitizer + UndefinedBehaviorSanitizer in a copy of the package and run the
 # Python kernel tests against them: sanitize_python.sh [OUTDIR [PYTEST ARGS...]].
-# Default tests: the kernel's (tests/native/test_kernel.py), recovery and format (which
+# Default tests: the kernel's (tests/k7core/native/test_kernel.py), recovery and format (which
 # drive the scanners through the library), and the API, fault, spare and thread tests
 # (the fast paths of _fast, the kernel's fault-injection global, the flusher thread),
 # and a damaged directory (the cursor walk, the SIGBUS guard's zero pages) and permissions.
 # Any sanitizer report aborts the run (nonzero exit, report on stderr). PYTHON picks the
 # interpreter (it needs pytest, hypothesis, crc32c, cffi, setuptools); CC the compiler.
 set -euo pipefail
-repo="$(cd "$(dirname "$0")/../.." && pwd)"
+repo="$(cd "$(dirname "$0")/../../.." && pwd)"
 if [ -n "${1:-}" ]; then
     out="$1"
 else
@@ -18,9 +18,9 @@ fi
 mkdir -p "$out" && out="$(cd "$out" && pwd)"
 shift || true
 if [ "$#" -eq 0 ]; then
-    set -- tests/native/test_kernel.py tests/core/test_recovery.py tests/core/test_format.py \
-        tests/core/test_api.py tests/core/test_faults.py tests/core/test_spare.py \
-        tests/core/test_threads.py tests/core/test_damage.py tests/core/test_permissions.py
+    set -- tests/k7core/native/test_kernel.py tests/k7core/test_recovery.py tests/k7core/test_format.py \
+        tests/k7core/test_api.py tests/k7core/test_faults.py tests/k7core/test_spare.py \
+        tests/k7core/test_threads.py tests/k7core/test_damage.py tests/k7core/test_permissions.py
 fi
 python="$(command -v "${PYTHON:-python3}")"
 case "$python" in /*) ;; *) python="$PWD/$python" ;; esac  # not resolved: keep the venv
@@ -39,7 +39,7 @@ cp -r "$repo/k7core" "$repo/tests" "$src/"
 find "$src" \( -name '*.so' -o -name '__pycache__' -o -name '_k7.c' \) -prune -exec rm -rf {} +
 
 start=$(date +%s)
-if ! (cd "$src" && CC="$cc" K7_SANITIZE_FLAGS="$flags" "$python" tests/native/sanitized_build.py) \
+if ! (cd "$src" && CC="$cc" K7_SANITIZE_FLAGS="$flags" "$python" tests/k7core/native/sanitized_build.py) \
     >"$out/build.log" 2>&1; then
     cat "$out/build.log" >&2
     exit 2
@@ -58,7 +58,7 @@ cd "$src"
 env LD_PRELOAD="$asan" \
     ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:print_summary=1" \
     UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
-    PYTHONMALLOC=malloc PYTHONPATH="$src:$src/tests/native" K7_SANITIZED_ROOT="$src" \
+    PYTHONMALLOC=malloc PYTHONPATH="$src:$src/tests/k7core/native" K7_SANITIZED_ROOT="$src" \
     CC="$cc" CFLAGS="$flags" LDFLAGS="$flags" \
     "$python" -m pytest -q --capture=sys -p no:cacheprovider -p sanitized_plugin "$@"
 echo "k7-sanitized tests $(( $(date +%s) - start ))s"

@@ -12,12 +12,12 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from _queuehelp import read_all as read_queue
-from _stream_child import StreamChild, start
 from pyspark.sql.types import BinaryType, StructField, StructType
 
 import k7core
 from k7core.spark import SINK_PREFIX, STAGING_DIR, K7StagedRows, K7StreamWriter
+from tests._queuehelp import read_all as read_queue
+from tests.k7core.spark._stream_child import StreamChild, start
 
 pytestmark = pytest.mark.spark
 

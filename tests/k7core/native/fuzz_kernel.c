@@ -1,5 +1,5 @@
 /* Fuzz driver for the k7 kernel's readers, built with AddressSanitizer and
- * UndefinedBehaviorSanitizer by tests/native/sanitize.sh (and the test that runs it).
+ * UndefinedBehaviorSanitizer by tests/k7core/native/sanitize.sh (and the test that runs it).
  *
  *   fuzz_kernel SEED ITERATIONS
  *

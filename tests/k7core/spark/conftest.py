@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _stream_child import StreamChild
+
+from tests.k7core.spark._stream_child import StreamChild
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
@@ -48,5 +49,5 @@ def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "tests/spark" in str(item.fspath):
+        if "tests/k7core/spark" in str(item.fspath):
             item.add_marker(pytest.mark.spark)

@@ -8,11 +8,10 @@ import ast
 import runpy
 import subprocess
 import sys
-from pathlib import Path
 
 from k7core._native._k7 import lib
+from tests._queuehelp import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "k7core" / "_native"
 
 

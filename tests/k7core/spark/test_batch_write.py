@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _queuehelp import read_all as read_queue
 
 import k7core
 from k7core.spark import STAGING_DIR
+from tests._queuehelp import read_all as read_queue
 
 pytestmark = pytest.mark.spark
 

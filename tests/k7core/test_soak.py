@@ -53,11 +53,11 @@ import pytest
 import k7core
 from tests._childproc import DEADLINE, Child
 from tests._queuehelp import check_log
-from tests.core._soak_children import LAG_CAP, RATE, SEGMENT, offset_of, read_slot
+from tests.k7core._soak_children import LAG_CAP, RATE, SEGMENT, offset_of, read_slot
 
 SECONDS = float(os.environ.get("K7_SOAK_SECONDS", "60"))
 SEED = int(os.environ.get("K7_SOAK_SEED", "7"))
-PROGRAM = "tests.core._soak_children"
+PROGRAM = "tests.k7core._soak_children"
 GROUPS = {"g-flush": "flush", "g-async": "async", "g-sync": "sync"}
 LIFE = (0.2, 6.0)  # seconds a process runs before its kill (uniform)
 DOWN = (0.0, 1.0)  # seconds it stays down before its restart (uniform)

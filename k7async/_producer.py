@@ -3,28 +3,22 @@
 from __future__ import annotations
 
 import contextlib
-import threading
-import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
 from anyio.abc import ObjectReceiveStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-import k7core
+from ._bridge import Pace
+from ._registry import QUEUES
+from ._types import Payload, QueueSource, core_queue
+from ._writer import MAX_BATCH_MESSAGES, Append, QueueWriter
 
-from ._bridge import Payload, core_queue
-from ._errors import SinkBusyError
-from ._writer import MAX_BATCH_MESSAGES, Job, QueueWriter, acquire_writer, release_writer
-
-if TYPE_CHECKING:
-    from ._queue import AsyncQueue
-
-_sinks_lock = threading.Lock()
-_sinks: weakref.WeakSet[k7core.Queue] = weakref.WeakSet()
+T_contra = TypeVar("T_contra", contravariant=True)
 
 
 def _drain_nowait(
@@ -71,9 +65,7 @@ async def _gather(
 # ---------------------------------------------------------------------- sink
 
 
-async def sink(
-    queue: k7core.Queue | AsyncQueue, receive_stream: ObjectReceiveStream[Payload]
-) -> int:
+async def sink(queue: QueueSource, receive_stream: ObjectReceiveStream[Payload]) -> int:
     """Drain ``receive_stream`` into ``queue`` until the stream ends; return how many messages
     were enqueued.
 
@@ -85,23 +77,9 @@ async def sink(
     is written first, then the cancellation propagates.
     """
     core = core_queue(queue)
-    with _sinks_lock:
-        if core in _sinks:
-            raise SinkBusyError(
-                f"queue {core.path} already has a running sink",
-                path=core.path,
-                hint="one sink per queue: send into the running sink's stream instead",
-            )
-        _sinks.add(core)
-    try:
-        writer = acquire_writer(core)
-        try:
+    with QUEUES.sink(core):
+        async with QUEUES.writing(core) as writer:
             return await _sink(writer, receive_stream)
-        finally:
-            await release_writer(writer)
-    finally:
-        with _sinks_lock:
-            _sinks.discard(core)
 
 
 async def _sink(writer: QueueWriter, stream: ObjectReceiveStream[Payload]) -> int:
@@ -120,9 +98,7 @@ async def _sink(writer: QueueWriter, stream: ObjectReceiveStream[Payload]) -> in
         if memory is not None:
             with anyio.CancelScope(shield=True):  # items taken are written, cancelled or not
                 over = await _gather(memory, batch, target)
-        job = Job(batch)
-        writer.submit(job)
-        await job.wait_shielded()
+        await writer.append(batch, shield=True)
         count += len(batch)
         if over:
             return count
@@ -143,17 +119,20 @@ _IDLE_PASSES = 3
 
 
 class _Pump:
-    """The task moving a producer channel's items to the writer thread, batch by batch."""
+    """The task moving a producer channel's items to the writer thread, batch by batch.
+
+    One batch is in the writer's hands at a time; meanwhile senders fill the stream's
+    buffer, and the next batch is everything there once the previous one is written (the
+    batch grows with the writer's latency: group commit). So at most about two buffers of
+    items are in memory.
+    """
 
     def __init__(
-        self,
-        writer: QueueWriter,
-        receive: MemoryObjectReceiveStream[Payload | _Stop],
-        target: int,
+        self, writer: QueueWriter, receive: MemoryObjectReceiveStream[Payload | _Stop], target: int
     ) -> None:
+        self.target = target
         self.writer = writer
         self.receive = receive
-        self.target = target
         self.done = anyio.Event()
         self.error: BaseException | None = None
 
@@ -171,52 +150,88 @@ class _Pump:
 
     async def _run(self) -> None:
         receive = self.receive
+        inflight: tuple[Append, list[Payload]] | None = None
         while True:
+            if inflight is not None:
+                await self._settle(*inflight)
+                inflight = None
             batch: list[Payload] = []
-            try:
-                first = await receive.receive()
-            except anyio.EndOfStream:
-                return
-            if isinstance(first, _Stop):
-                _drain_nowait(receive, batch)
-                over = True
-            else:
-                batch.append(first)
-                over = await _gather(receive, batch, self.target)
+            over = _drain_nowait(receive, batch)
+            if not batch and not over:  # nothing at hand: wait for a sender
+                try:
+                    first = await receive.receive()
+                except anyio.EndOfStream:
+                    return
+                if isinstance(first, _Stop):
+                    over = _drain_nowait(receive, batch) or True
+                else:
+                    batch.append(first)
+                    with anyio.CancelScope(shield=True):
+                        over = await _gather(receive, batch, self.target)
             if over:
                 # No checkpoint since the last receive_nowait: nothing can slip in between.
                 receive.close()
             if batch:
-                await self._write(batch)
+                inflight = (self.writer.submit(batch), batch)
             if over:
+                if inflight is not None:
+                    await self._settle(*inflight)
                 return
 
-    async def _write(self, batch: list[Payload]) -> None:
-        job = Job(batch)
-        self.writer.submit(job)
-        try:
-            await job.wait_shielded()
-        except (TypeError, ValueError):
+    async def _settle(self, append: Append, batch: list[Payload]) -> None:
+        """Wait for a batch handed to the writer; raise its error."""
+        await append.wait(shield=True)
+        error = append.error
+        if isinstance(error, (TypeError, ValueError)) and len(batch) > 1:
             # Refused as a whole (an item that is not bytes-like, a message too large):
             # nothing was written. Write item by item so everything sent before the
             # culprit gets in, then fail at the culprit.
-            if len(batch) == 1:
-                raise
             for item in batch:
-                await self._write([item])
-            raise  # pragma: no cover - one of the items failed above
+                await self.writer.append([item], shield=True)
+        append.result()
+
+
+@dataclass(eq=False)
+class ChannelSendStream(MemoryObjectSendStream[T_contra]):
+    """A producer channel's send stream: anyio's memory object send stream (same buffer,
+    clones, closing and errors) whose ``send`` is paced by :class:`Pace`: a cancel point at
+    every call, a schedule point at least every ``SCHEDULE_EVERY`` calls and whenever it
+    waits for room, instead of a full checkpoint per message."""
+
+    _pace: Pace = field(init=False, default_factory=Pace)
+
+    @classmethod
+    def over(cls, stream: MemoryObjectSendStream[T_contra]) -> ChannelSendStream[T_contra]:
+        """A paced stream onto ``stream``'s buffer; ``stream`` is closed (this replaces it)."""
+        paced = cls(_state=stream._state)
+        stream.close()
+        return paced
+
+    async def send(self, item: T_contra) -> None:
+        await self._pace.checkpoint()  # a cancel point; a schedule point now and then
+        try:
+            self.send_nowait(item)
+        except anyio.WouldBlock:
+            await super().send(item)  # a full checkpoint, then waits for room
+            self._pace.scheduled()
+
+    def clone(self) -> ChannelSendStream[T_contra]:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        return ChannelSendStream(_state=self._state)
 
 
 @asynccontextmanager
 async def producer_channel(
-    queue: k7core.Queue | AsyncQueue, max_buffer_size: float = 256
+    queue: QueueSource, max_buffer_size: float = 256
 ) -> AsyncIterator[MemoryObjectSendStream[bytes]]:
     """Yield a send stream whose items are enqueued in ``queue``, in order, in batches.
 
     Any number of tasks may send (give each its own ``send.clone()``). The stream buffers up
     to ``max_buffer_size`` items; when the buffer is full, senders wait (back-pressure). A
     task moves what the buffer holds to the queue's writer thread in one batch (one
-    ``enqueue_many``) and waits for it before taking the next.
+    ``enqueue_many``) and waits for it before taking the next. ``send`` is a cancel point at
+    every call and a schedule point at least every 64 calls (see :class:`ChannelSendStream`).
 
     On exit (normal, error or cancellation) every item whose ``send`` returned is in the queue
     (msync'd with ``fsync="sync"``) before this returns; senders still running afterwards get
@@ -226,29 +241,33 @@ async def producer_channel(
     and the items after it are not.
     """
     core = core_queue(queue)
-    send, receive = anyio.create_memory_object_stream[Payload | _Stop](max_buffer_size)
+    plain, receive = anyio.create_memory_object_stream[Payload | _Stop](max_buffer_size)
+    send = ChannelSendStream.over(plain)
     control = send.clone()
-    writer = acquire_writer(core)
-    target = max(1, int(min(max_buffer_size, MAX_BATCH_MESSAGES)))
-    pump = _Pump(writer, receive, target)
+    pump: _Pump | None = None
     try:
-        async with _alongside(pump.run):
+        async with QUEUES.writing(core) as writer:
+            pump = _Pump(writer, receive, max(1, int(min(max_buffer_size, MAX_BATCH_MESSAGES))))
             try:
-                yield send
+                async with _alongside(pump.run):
+                    try:
+                        yield send
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            send.close()
+                            # Broken: the pump already stopped (after a writer error).
+                            with contextlib.suppress(
+                                anyio.BrokenResourceError, anyio.ClosedResourceError
+                            ):
+                                await control.send(_STOP)
+                            control.close()
+                            await pump.done.wait()
             finally:
-                with anyio.CancelScope(shield=True):
-                    send.close()
-                    # Broken: the pump already stopped (after a writer error).
-                    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                        await control.send(_STOP)
-                    control.close()
-                    await pump.done.wait()
+                send.close()
+                control.close()
+                receive.close()
     finally:
-        send.close()
-        control.close()
-        receive.close()
-        await release_writer(writer)
-        if pump.error is not None:
+        if pump is not None and pump.error is not None:
             raise pump.error
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import array
 import mmap
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -264,11 +265,41 @@ def _msync_case(n: int) -> Case:
     return Case(base, "baseline", setup, {"payload": 32, "calls": n})
 
 
+def _partitions_case(n: int, queues: int = 64) -> Case:
+    """``enqueue`` round-robin over 64 ``"async"`` queues of one process (a topic's
+    partitions): one background flusher thread serves them all."""
+    name = f"k7 enqueue over {queues} queues [async]"
+
+    @contextmanager
+    def setup(root: Path) -> Iterator[Run]:
+        qs = [k7core.Queue(root / f"part-{i}", fsync="async", segment_size=8 << 20)
+              for i in range(queues)]
+        try:
+            enqueues = [q.enqueue for q in qs] * (n // queues)
+
+            def body() -> None:
+                for enqueue in enqueues:
+                    enqueue(PAYLOAD)
+
+            def run() -> Samples:
+                threads = sum(t.name.startswith("k7-flusher") for t in threading.enumerate())
+                return {name: ("msg/s", rate(len(enqueues), body)),
+                        f"{name}: flusher threads": ("threads", threads)}
+
+            yield run
+        finally:
+            for q in qs:
+                q.close()
+
+    return Case(name, "k7", setup, {"payload": 32, "messages": n, "queues": queues})
+
+
 def cases(s: Sizes) -> list[Case]:
     out: list[Case] = []
     out += _enqueue_cases("flush", s.enqueue)
     out += _enqueue_cases("async", s.enqueue)
     out += _enqueue_cases("sync", s.sync)
+    out.append(_partitions_case(s.enqueue // 4))
     out.append(_read_columnar_case(s.poll))
     out += [_poll_case(s.poll, b, "async", many=False) for b in (1, 16, 64, 256, 1024)]
     out += [_poll_case(s.poll, b, cursor, many=True)

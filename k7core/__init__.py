@@ -8,6 +8,7 @@
 """
 
 from ._checks import MAX_BATCH as MAX_BATCH
+from ._columnar import ColumnarBatch as ColumnarBatch
 from ._errors import ClosedError as ClosedError
 from ._errors import ConcurrentUseError as ConcurrentUseError
 from ._errors import CorruptFrameError as CorruptFrameError
@@ -27,7 +28,6 @@ from ._group import ConsumerGroup as ConsumerGroup
 from ._group import Message as Message
 from ._kernel import crc32c as crc32c
 from ._kernel import hardware_crc as hardware_crc
-from ._queue import ColumnarBatch as ColumnarBatch
 from ._queue import Queue as Queue
 from ._stats import LAG_COUNT_LIMIT as LAG_COUNT_LIMIT
 from ._stats import GroupInfo as GroupInfo

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+from typing import Any
 
 MAX_BATCH = 1 << 20
 """The most messages one ``poll`` or ``read_columnar`` call may ask for."""
@@ -52,3 +53,19 @@ def check_timeout(timeout: object) -> float:
     """A wait's ``timeout``: seconds >= 0; ``None`` (or ``math.inf``) waits until it is
     woken. Returns float seconds, ``math.inf`` for None."""
     return math.inf if timeout is None else check_seconds(timeout, "timeout")
+
+
+def message_list(items: object) -> list[Any]:
+    """The messages of ``enqueue_many(items)`` as a list. One bytes-like object or str is
+    refused: iterating it would give ints or characters, not messages."""
+    what = "enqueue_many needs an iterable of bytes-like messages"
+    if isinstance(items, (bytes, bytearray, memoryview, str)):
+        raise TypeError(
+            f"{what}, not one {type(items).__name__} object: enqueue(data) appends one "
+            "message, enqueue_many([data]) a batch of one"
+        )
+    try:
+        it = iter(items)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"{what}, not {type(items).__name__}") from None
+    return list(it)

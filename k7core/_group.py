@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Iterable
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._checks import check_count, check_timeout
 from ._errors import (
@@ -21,8 +21,10 @@ from ._errors import (
     CursorError,
     DataLossError,
     GroupBusyError,
+    K7Error,
     StorageError,
 )
+from ._flusher import FlushSlot
 from ._format import (
     CURSOR_FILE_SIZE,
     Fsync,
@@ -33,8 +35,9 @@ from ._format import (
     segment_name,
 )
 from ._kernel import SCAN_CORRUPT, address, ffi, lib, owned
+from ._log import LogView
 from ._native._fast import Fetcher, message_offset
-from ._reader import Reader
+from ._reader import Reader, lag_messages
 from ._resource import Resource
 from ._stats import GroupStats
 from ._storage import (
@@ -49,9 +52,6 @@ from ._storage import (
     try_lock,
 )
 
-if TYPE_CHECKING:
-    from ._queue import Queue, _Flusher
-
 log = logging.getLogger("k7core")
 
 
@@ -63,7 +63,7 @@ class _GroupResources:
         self.fd = fd
         self.map: Mapping | None = None
         self.c: Any = None
-        self.flusher: _Flusher | None = None
+        self.flusher: FlushSlot | None = None
         self.reader: Reader | None = None
 
     def release(self) -> None:
@@ -112,11 +112,12 @@ class ConsumerGroup(Resource):
 
     def __init__(
         self,
-        queue: Queue,
+        log: LogView,
         name: str,
         *,
         cursor_fsync: str | Fsync = Fsync.ASYNC,
         on_data_loss: str = "raise",
+        registry: OpenGroups | None = None,
     ) -> None:
         self._closed = True
         if on_data_loss not in ("raise", "earliest"):
@@ -125,17 +126,18 @@ class ConsumerGroup(Resource):
         self._jumps = 0
         self._skipped = 0
         self.name = check_group_name(name)
-        self.queue = queue
+        self._log = log
+        self._registry = registry
         self.cursor_fsync = parse_fsync(cursor_fsync, "cursor_fsync")
-        self.path = queue.path / cursor_name(name)
+        self.path = log.path / cursor_name(name)
         res = self._res = _GroupResources(
-            open_fd(self.path, os.O_RDWR | os.O_CREAT, queue.file_mode)
+            open_fd(self.path, os.O_RDWR | os.O_CREAT, log.options.file_mode)
         )
         self._finalizer = weakref.finalize(self, res.release)
         try:
             if not try_lock(res.fd):
                 raise GroupBusyError(
-                    f"consumer group {name!r} of {queue.path} is owned by another consumer",
+                    f"consumer group {name!r} of {log.path} is owned by another consumer",
                     path=self.path, hint="close the other owner first (one owner per group)",
                 )
             created = os.fstat(res.fd).st_size < CURSOR_FILE_SIZE
@@ -144,7 +146,7 @@ class ConsumerGroup(Resource):
                     preallocate(res.fd, CURSOR_FILE_SIZE, self.path)
                     if self.cursor_fsync is not Fsync.FLUSH:
                         fsync_file(res.fd, self.path)
-                        fsync_dir(queue.path)
+                        fsync_dir(log.path)
                 except StorageError:
                     with contextlib.suppress(OSError):
                         os.unlink(self.path)  # no empty cursor left to hold up retention
@@ -157,17 +159,17 @@ class ConsumerGroup(Resource):
             c.map = res.map.ptr
             c.mode = self.cursor_fsync.code
             if self.cursor_fsync is Fsync.ASYNC:
-                fl = queue._flusher()
+                fl = log.flush_slot()
                 c.bell = fl.bell
                 fl.add_cursor(c)
                 res.flusher = fl
             committed = int(lib.k7_cursor_load(c))
             if created and committed == 0:
-                bases = list_segments(queue.path)
+                bases = list_segments(log.path)
                 if bases and bases[0] > 0:  # retention deleted the start: begin at the earliest
                     committed = bases[0]
                     lib.k7_cursor_store(c, committed)
-            self._reader: Reader | None = Reader(queue)
+            self._reader: Reader | None = Reader(log)
             res.reader = self._reader
             self._reader.c.pos = committed
             f = lib.k7_inflight_new(self._reader.c, c, committed)
@@ -179,7 +181,7 @@ class ConsumerGroup(Resource):
             self._reader.fetcher = self._fetch
             self._cap = int(self._rc.capacity)  # poll's fast path takes up to this; 0 when closed
             self._bad_cursor = check_cursor(
-                queue.path, name, committed, queue._readable_end()
+                log.path, name, committed, log.readable_end()
             )
             if self._bad_cursor is not None:
                 self._cap = 0  # poll takes the slow path, which raises it until a seek
@@ -188,7 +190,8 @@ class ConsumerGroup(Resource):
             raise
         self._redeliver: list[int] = []  # nacked offsets, ascending; still in flight
         self._closed = False
-        queue._groups.add(self)
+        if registry is not None:
+            registry.add(self)
 
     # ------------------------------------------------------------------ reading
 
@@ -223,10 +226,10 @@ class ConsumerGroup(Resource):
             msgs = self._read(max_batch)
             if msgs or seconds == 0:
                 return msgs
-            q = self.queue
+            lg = self._log
             deadline = time.monotonic() + seconds
             while True:
-                end = q._visible_end()
+                end = lg.visible_end()
                 if end > self._rc.pos:
                     msgs = self._read(max_batch)
                     if msgs:
@@ -234,7 +237,7 @@ class ConsumerGroup(Resource):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return msgs
-                q._wait(end, left)
+                lg.wait(end, left)
 
     def _read(self, max_batch: int) -> list[Message]:
         for _ in range(8):  # retention may delete again while we jump
@@ -342,9 +345,9 @@ class ConsumerGroup(Resource):
                 self._raise_closed()
             if isinstance(offset, bool) or not isinstance(offset, int):
                 raise TypeError(f"offset must be an int, not {type(offset).__name__}")
-            q = self.queue
+            lg = self._log
             err = check_offset(
-                q.path, offset, q._readable_end(), said=f"cannot seek group {self.name!r} to",
+                lg.path, offset, lg.readable_end(), said=f"cannot seek group {self.name!r} to",
                 path=self.path,
             )
             if err is not None:
@@ -384,19 +387,19 @@ class ConsumerGroup(Resource):
         """Bytes of log between the committed cursor and the visible end."""
         if self._closed:
             self._raise_closed()
-        return max(0, self.queue._visible_end() - int(lib.k7_committed(self._f)))
+        return max(0, self._log.visible_end() - int(lib.k7_committed(self._f)))
 
     def stats(self) -> GroupStats:
         """A snapshot of this group: committed, position, in flight, lag (bytes, and
         messages when the lag is at most ``LAG_COUNT_LIMIT`` bytes), data-loss jumps."""
         if self._closed:
             self._raise_closed()
-        q = self.queue
-        end = q._visible_end()
+        lg = self._log
+        end = lg.visible_end()
         committed = self.committed
-        bases = list_segments(q.path)
+        bases = list_segments(lg.path)
         earliest = bases[0] if bases else 0
-        lag_msgs = None if committed < earliest else q._lag_messages(committed, end)
+        lag_msgs = None if committed < earliest else lag_messages(lg, committed, end)
         return GroupStats(
             name=self.name,
             committed=committed,
@@ -411,6 +414,11 @@ class ConsumerGroup(Resource):
             data_loss_jumps=self._jumps,
             skipped_bytes=self._skipped,
         )
+
+    @property
+    def queue_path(self) -> Path:
+        """The directory of the group's queue."""
+        return self._log.path
 
     @property
     def in_flight(self) -> int:
@@ -447,7 +455,8 @@ class ConsumerGroup(Resource):
             # was in flight, so a late ack/seek/nack touches nothing and reports ClosedError.
             self._c.map, self._c.mode = self._dummy, 0
             lib.k7_reset(self._f, lib.k7_committed(self._f))
-            self.queue._groups.discard(self)
+            if self._registry is not None:
+                self._registry.discard(self)
             if err:
                 raise StorageError(
                     f"final cursor msync of {self.path} failed: {os.strerror(err)}",
@@ -469,7 +478,7 @@ class ConsumerGroup(Resource):
         if st is None or ours:  # deleted, or ours but shrunk: write it again
             try:
                 flags = os.O_RDWR | os.O_CREAT | (0 if ours else os.O_EXCL)
-                fd = open_fd(self.path, flags, self.queue.file_mode)
+                fd = open_fd(self.path, flags, self._log.options.file_mode)
             except StorageError as exc:
                 if exc.errno != errno.EEXIST:
                     raise
@@ -479,7 +488,7 @@ class ConsumerGroup(Resource):
                     os.pwrite(fd, encode_cursor(committed), 0)
                     if self.cursor_fsync is not Fsync.FLUSH:
                         fsync_file(fd, self.path)
-                        fsync_dir(self.queue.path)
+                        fsync_dir(self._log.path)
                 finally:
                     os.close(fd)
                 log.warning("k7core: the cursor file %s was deleted or truncated while group "
@@ -497,6 +506,34 @@ class ConsumerGroup(Resource):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"committed={self.committed}"
         return f"<k7core.ConsumerGroup {self.name!r} {state}>"
+
+
+class OpenGroups:
+    """The open groups of one queue (held weakly), closed with it."""
+
+    def __init__(self) -> None:
+        self._groups: weakref.WeakSet[ConsumerGroup] = weakref.WeakSet()
+
+    def add(self, group: ConsumerGroup) -> None:
+        self._groups.add(group)
+
+    def discard(self, group: ConsumerGroup) -> None:
+        self._groups.discard(group)
+
+    def check_idle(self) -> None:
+        """Raise ConcurrentUseError if another thread is inside a call on any of them."""
+        for g in list(self._groups):
+            g._check_owner()
+
+    def close_all(self) -> K7Error | None:
+        """Close every group; the first error met (each is closed regardless)."""
+        first: K7Error | None = None
+        for g in list(self._groups):
+            try:
+                g.close()
+            except K7Error as exc:
+                first = first or exc
+        return first
 
 
 def check_cursor(directory: Path, group: str, committed: int, end: int) -> CursorError | None:

@@ -1,24 +1,23 @@
-"""The queue: one writer per directory, recovery on open, publication of the visible end."""
+"""The queue: the public face over its parts (one writer per directory, recovery on open,
+retention, reads without a group, stats). Each part lives in its own module; see
+docs/architecture.md."""
 
 from __future__ import annotations
 
 import array
 import contextlib
-import errno
 import logging
 import os
-import threading
 import time
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._checks import check_count, check_int, check_seconds, check_timeout
+from ._checks import check_int, check_timeout, message_list
+from ._columnar import BulkReader, ColumnarBatch
 from ._errors import (
     ClosedError,
-    K7Error,
-    MessageTooLargeError,
     NotAQueueError,
     QueueLockedError,
     ReadOnlyError,
@@ -26,28 +25,23 @@ from ._errors import (
 )
 from ._format import (
     DEFAULT_SEGMENT_SIZE,
-    FRAME_HEADER,
     MAX_OFFSET,
-    MAX_PAYLOAD,
-    MAX_SEGMENT_SIZE,
     POSITION_FILE,
     POSITION_FILE_SIZE,
-    SEGMENT_RE,
-    SPARE_MIN_SIZE,
-    SPARE_SEGMENT,
     WRITER_LOCK,
     Fsync,
-    cursor_name,
-    frame_size,
-    parse_fsync,
     segment_name,
 )
-from ._kernel import BADOFFSETS, EIO, NOFIT, TOOLARGE, address, ffi, lib, owned
-from ._native._fast import CLOSED, Appender
-from ._reader import Reader
+from ._group import ConsumerGroup, OpenGroups
+from ._kernel import ffi, owned
+from ._log import LogView
+from ._native._fast import Appender
+from ._options import QueueOptions
+from ._reader import count_frames, lag_messages
+from ._recovery import recover
 from ._resource import Resource
+from ._retention import Retention, lock_drained, remove_queue_files
 from ._stats import (
-    LAG_COUNT_LIMIT,
     GroupInfo,
     LockTable,
     QueueStats,
@@ -61,32 +55,18 @@ from ._stats import (
 from ._storage import (
     FILE_MODE,
     Mapping,
-    SpareSegment,
-    create_segment,
-    frame_at,
     frames_end,
-    fsync_dir,
-    fsync_file,
-    last_data,
     list_segments,
     lock_is_free,
-    map_file,
     open_fd,
     preallocate,
     try_lock,
 )
+from ._writer import SegmentWriter
 
-if TYPE_CHECKING:
-    from ._group import ConsumerGroup
+__all__ = ["ColumnarBatch", "Queue", "QueueOptions"]
 
 log = logging.getLogger("k7core")
-
-RETENTION_POLICIES = ("none", "consumed")
-WAIT_SLICE = 3600.0  # seconds: the kernel's wait takes int64 nanoseconds
-
-_from_buffer = ffi.from_buffer
-_ZERO = array.array("q", [0])
-
 
 def _lock_with_retry(fd: int) -> bool:
     """Take the writer lock; a readonly opener may hold a shared probe of it for microseconds."""
@@ -97,106 +77,26 @@ def _lock_with_retry(fd: int) -> bool:
     return False
 
 
-def k7_msync_range(m: Mapping, start: int, end: int) -> int:
-    return int(lib.k7_msync(m.ptr, start, end))
-
-
-def message_list(items: object) -> list[Any]:
-    """The messages of ``enqueue_many(items)`` as a list. One bytes-like object or str is
-    refused: iterating it would give ints or characters, not messages."""
-    what = "enqueue_many needs an iterable of bytes-like messages"
-    if isinstance(items, (bytes, bytearray, memoryview, str)):
-        raise TypeError(
-            f"{what}, not one {type(items).__name__} object: enqueue(data) appends one "
-            "message, enqueue_many([data]) a batch of one"
-        )
-    try:
-        it = iter(items)  # type: ignore[call-overload]
-    except TypeError:
-        raise TypeError(f"{what}, not {type(items).__name__}") from None
-    return list(it)
-
-
-class _Flusher:
-    """The ``"async"`` background thread: msyncs the log and the async cursors, publishes.
-
-    Its loop is C (``k7_flusher_run``) and never takes the GIL, so it does not slow the
-    writer or the readers down. ``lock`` (a C mutex) serialises it with segment rolls.
-    """
-
-    def __init__(self, interval: float, name: str) -> None:
-        f = lib.k7_flusher_new(int(interval * 1e9))
-        if f == ffi.NULL:
-            raise MemoryError("cannot allocate the flusher")
-        self._f: Any = ffi.gc(f, lib.k7_flusher_free)
-        self.bell: Any = lib.k7_flusher_bell(self._f)
-        self.lock = _CLock(self._f)
-        self._thread: threading.Thread | None = threading.Thread(
-            target=lib.k7_flusher_run, args=(self._f,), name=name, daemon=True
-        )
-        self._thread.start()
-
-    @property
-    def error(self) -> int:
-        return int(lib.k7_flusher_error(self._f))
-
-    def set_writer(self, w: Any) -> None:
-        with self.lock:
-            lib.k7_flusher_set_writer(self._f, w)
-
-    def add_cursor(self, c: Any) -> None:
-        with self.lock:
-            if lib.k7_flusher_add_cursor(self._f, c):
-                raise MemoryError("cannot register the cursor with the flusher")
-
-    def remove_cursor(self, c: Any) -> None:
-        with self.lock:
-            lib.k7_flusher_remove_cursor(self._f, c)
-
-    def stop(self) -> None:
-        """Final sync, then join the thread. Idempotent."""
-        if self._thread is not None:
-            lib.k7_flusher_stop(self._f)
-            self._thread.join()
-            self._thread = None
-
-
-class _CLock:
-    """Context manager over the flusher's C mutex."""
-
-    __slots__ = ("_f",)
-
-    def __init__(self, f: Any) -> None:
-        self._f = f
-
-    def __enter__(self) -> None:
-        lib.k7_flusher_lock(self._f)
-
-    def __exit__(self, et: object, ev: object, tb: object) -> None:
-        lib.k7_flusher_unlock(self._f)
-
-
 class _Resources:
     """OS resources of a queue, released exactly once (by close() or by the finalizer)."""
 
     def __init__(self) -> None:
         self.lock_fd = -1
         self.pos_map: Mapping | None = None
-        self.seg_map: Mapping | None = None
-        self.flusher: _Flusher | None = None
-        self.spare: SpareSegment | None = None
+        self.log: LogView | None = None
+        self.writer: SegmentWriter | None = None
+        self.bulk: BulkReader | None = None
 
     def release(self) -> None:
-        if self.flusher is not None:
-            self.flusher.stop()
-            self.flusher = None
-        if self.spare is not None:
-            self.spare.discard()
-            self.spare = None
-        for m in (self.seg_map, self.pos_map):
-            if m is not None:
-                m.close()
-        self.seg_map = self.pos_map = None
+        if self.log is not None:
+            self.log.close()
+        if self.bulk is not None:
+            self.bulk.close()
+        if self.writer is not None:
+            self.writer.release()
+        if self.pos_map is not None:
+            self.pos_map.close()
+            self.pos_map = None
         if self.lock_fd >= 0:
             os.close(self.lock_fd)
             self.lock_fd = -1
@@ -240,47 +140,18 @@ class Queue(Resource):
         file_mode: int = FILE_MODE,
     ) -> None:
         self._closed = True
-        self._w: Any = None
-        self._fa = Appender(0)  # the enqueue fast path; detached (no writer) until recovery
-        # read_columnar's readers, kept across calls (mapping a segment costs more than a
-        # scan); a call takes one for itself, so calls from several threads never share one
-        self._bulk_readers: list[Reader] = []
-        self.path = Path(path)
-        self.segment_size = check_int(segment_size, "segment_size", 64)
-        if self.segment_size % 8:
-            raise ValueError(f"segment_size must be a multiple of 8, not {segment_size!r}")
-        if self.segment_size > MAX_SEGMENT_SIZE:
-            raise ValueError(
-                f"segment_size must be at most {MAX_SEGMENT_SIZE} (2 GiB - 8), not "
-                f"{segment_size}: k7 on the JVM maps a segment as one buffer of at most "
-                "2^31-1 bytes, and each segment is preallocated on disk at this size"
-            )
-        self.fsync = parse_fsync(fsync, "fsync")
-        self.commit_interval = check_seconds(commit_interval, "commit_interval", 10)
-        self.readonly = bool(readonly)
-        if retention not in RETENTION_POLICIES:
-            raise ValueError(f"retention must be 'none' or 'consumed', not {retention!r}")
-        self.retention = retention
-        self.retention_bytes = (
-            None if retention_bytes is None else check_int(retention_bytes, "retention_bytes", 0)
+        self._fa = Appender(0)  # the enqueue fast path: detached (CLOSED) until recovered
+        self._writer: SegmentWriter | None = None
+        self._retention: Retention | None = None
+        self._path = Path(path)
+        self._opts = QueueOptions.checked(
+            segment_size=segment_size, fsync=fsync, commit_interval=commit_interval,
+            readonly=readonly, retention=retention, retention_bytes=retention_bytes,
+            retention_age=retention_age, remove_when_empty=remove_when_empty,
+            file_mode=file_mode,
         )
-        self.retention_age = (
-            None if retention_age is None else check_seconds(retention_age, "retention_age")
-        )
-        self.remove_when_empty = bool(remove_when_empty)
-        self.file_mode = check_int(file_mode, "file_mode", 0)
-        if self.file_mode > 0o777 or self.file_mode & 0o600 != 0o600:
-            raise ValueError(
-                f"file_mode must give the owner read and write (0o600 .. 0o777), not {file_mode!r}"
-            )
         self._events: list[RecoveryEvent] = []
-        self._seg_id: tuple[int, int] | None = None  # (device, inode) of the segment written
-        self._seg_lost: StorageError | None = None  # that file was deleted or replaced
-        self._deleted_segments = 0
-        self._deleted_bytes = 0
-        self._groups: weakref.WeakSet[ConsumerGroup] = weakref.WeakSet()
-        self._bases: list[int] = []
-        self._floor_end = 0
+        self._groups = OpenGroups()
         self._r = _Resources()
         self._finalizer = weakref.finalize(self, self._r.release)
         try:
@@ -290,197 +161,118 @@ class Queue(Resource):
             raise
         self._closed = False
 
-    # ------------------------------------------------------------------ open / recover
+    # ------------------------------------------------------------------ options
+
+    @property
+    def path(self) -> Path:
+        """The queue directory."""
+        return self._path
+
+    @property
+    def options(self) -> QueueOptions:
+        """The options the queue was opened with (immutable)."""
+        return self._opts
+
+    @property
+    def segment_size(self) -> int:
+        return self._opts.segment_size
+
+    @property
+    def fsync(self) -> Fsync:
+        return self._opts.fsync
+
+    @property
+    def commit_interval(self) -> float:
+        return self._opts.commit_interval
+
+    @property
+    def readonly(self) -> bool:
+        return self._opts.readonly
+
+    @property
+    def retention(self) -> str:
+        return self._opts.retention
+
+    @property
+    def retention_bytes(self) -> int | None:
+        return self._opts.retention_bytes
+
+    @property
+    def retention_age(self) -> float | None:
+        return self._opts.retention_age
+
+    @property
+    def remove_when_empty(self) -> bool:
+        return self._opts.remove_when_empty
+
+    @property
+    def file_mode(self) -> int:
+        return self._opts.file_mode
+
+    # ------------------------------------------------------------------ open
 
     def _open(self) -> None:
+        path, readonly = self._path, self._opts.readonly
         try:
-            if self.readonly:
-                if not self.path.is_dir():
+            if readonly:
+                if not path.is_dir():
                     raise NotAQueueError(
-                        f"{self.path} is not a queue directory", path=self.path,
+                        f"{path} is not a queue directory", path=path,
                         hint="open it once without readonly=True to create it",
                     )
             else:
-                if self.path.exists() and not self.path.is_dir():
-                    raise NotAQueueError(f"{self.path} is not a directory", path=self.path)
-                self.path.mkdir(parents=True, exist_ok=True)
+                if path.exists() and not path.is_dir():
+                    raise NotAQueueError(f"{path} is not a directory", path=path)
+                path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StorageError(
-                f"cannot {'open' if self.readonly else 'create'} queue directory "
-                f"{self.path}: {exc.strerror}",
-                errno_=exc.errno or 0, path=self.path,
+                f"cannot {'open' if readonly else 'create'} queue directory "
+                f"{path}: {exc.strerror}",
+                errno_=exc.errno or 0, path=path,
             ) from exc
-        if not self.readonly:
-            if not self.path.is_dir():
-                raise NotAQueueError(f"{self.path} is not a directory", path=self.path)
-            fd = open_fd(self.path / WRITER_LOCK, os.O_RDWR | os.O_CREAT, self.file_mode)
+        if not readonly:
+            if not path.is_dir():
+                raise NotAQueueError(f"{path} is not a directory", path=path)
+            fd = open_fd(path / WRITER_LOCK, os.O_RDWR | os.O_CREAT, self._opts.file_mode)
             self._r.lock_fd = fd
             if not _lock_with_retry(fd):
                 raise QueueLockedError(
-                    f"queue {self.path} is locked by another writer", path=self.path,
+                    f"queue {path} is locked by another writer", path=path,
                     hint="close the other Queue, or open this one with readonly=True",
                 )
-        self._open_position()
-        self._bases = list_segments(self.path)
-        if self.readonly:
-            if self._bases and lock_is_free(self.path / WRITER_LOCK):
-                base = self._bases[-1]
-                self._floor_end = base + frames_end(self.path / segment_name(base))
-        else:
-            self._recover()
-            self._apply_retention()
-
-    def _open_position(self) -> None:
-        path = self.path / POSITION_FILE
-        try:
-            fd = open_fd(path, os.O_RDWR | os.O_CREAT, self.file_mode)
-        except StorageError:
-            if not self.readonly:
-                raise
-            self._pub: Any = ffi.new("k7_pos *")  # read-only directory: private, polled
+        lg = self._log = self._r.log = self._open_log()
+        self._r.bulk = self._bulk = BulkReader(lg)
+        if readonly:
+            bases = lg.segment_bases(refresh=True)
+            if bases and lock_is_free(path / WRITER_LOCK):
+                lg.floor_end = bases[-1] + frames_end(path / segment_name(bases[-1]))
             return
+        tail = recover(path, self._opts, self._events)
+        lg.set_segment_bases(tail.bases)
+        retention = self._retention = Retention(lg, self._opts)
+        w = self._writer = self._r.writer = SegmentWriter(
+            lg, self._opts, tail, lambda: retention.apply(w.base)
+        )
+        self._fa = w.fa
+        retention.apply(w.base)
+
+    def _open_log(self) -> LogView:
+        """Map the position file (the published end, shared by every process)."""
+        path = self._path / POSITION_FILE
+        try:
+            fd = open_fd(path, os.O_RDWR | os.O_CREAT, self._opts.file_mode)
+        except StorageError:
+            if not self._opts.readonly:
+                raise
+            # a read-only directory: the end is private and polled
+            return LogView(self._path, self._opts, ffi.new("k7_pos *"), polled=True)
         try:
             if os.fstat(fd).st_size < POSITION_FILE_SIZE:
                 preallocate(fd, POSITION_FILE_SIZE, path)
-            self._r.pos_map = Mapping(fd, POSITION_FILE_SIZE, writable=True)
+            self._r.pos_map = m = Mapping(fd, POSITION_FILE_SIZE, writable=True)
         finally:
             os.close(fd)
-        self._pub = ffi.cast("k7_pos *", self._r.pos_map.ptr)
-
-    def _recover(self) -> None:
-        durable = self.fsync is not Fsync.FLUSH
-        if not self._bases:
-            create_segment(self.path, 0, self.segment_size, durable=durable,
-                           mode=self.file_mode)
-            self._bases = [0]
-        self._drop_stray_segments(durable)
-        base = self._bases[-1]
-        path = self.path / segment_name(base)
-        size = path.stat().st_size
-        if size % 8:  # cut by hand inside a frame's padding: keep offsets 8-aligned
-            os.truncate(path, size + 8 - size % 8)
-        m = map_file(path, writable=True)
-        count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
-        end = 0 if m is None else int(lib.k7_scan_end(m.ptr, m.size, count, status))
-        if m is None or (end == 0 and m.size < self.segment_size):
-            if m is not None:
-                self._cut_tail(m, base, 0)
-                m.close()
-            self._events.append(RecoveryEvent(
-                "short-segment-reset", base, base, size, None, time.time()
-            ))
-            create_segment(self.path, base, self.segment_size, durable=durable,
-                           mode=self.file_mode, replace=True)
-            m = map_file(path, writable=True)
-            assert m is not None
-            end = 0
-        else:
-            self._cut_tail(m, base, end)
-        self._r.seg_map = m
-        self._note_segment(base)
-        m.prefetch()
-        w = ffi.new("k7_writer *")
-        w.seg, w.cap, w.base = m.ptr, m.size, base
-        w.pos = w.written = w.synced = end
-        w.pub = self._pub
-        w.mode = self.fsync.code
-        w.max_frame = self.segment_size
-        self._w = w
-        self._fa = Appender(address(w))
-        if durable and end and k7_msync_range(m, 0, end):
-            raise StorageError(f"msync of {path} failed at open", path=path)
-        # Frames recovered after a crash are made durable before readers may see them.
-        lib.k7_publish(self._pub, base + end)
-        if self.fsync is Fsync.ASYNC:
-            fl = self._flusher()
-            w.bell = fl.bell
-            fl.set_writer(w)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path / SPARE_SEGMENT)  # one left by a crash
-        self._prepare_spare(prefault=False)
-
-    def _drop_stray_segments(self, durable: bool) -> None:
-        """Remove a last segment that holds no frame while its predecessor's frames run to
-        or past its base: a roll created it, then failed (a full disk), and the writer went
-        on in the predecessor. Taking it as the end of the log would hand out again the
-        offsets written after it; its predecessor is where the log goes on."""
-        while len(self._bases) >= 2:
-            prev, last = self._bases[-2], self._bases[-1]
-            path = self.path / segment_name(last)
-            if frame_at(path, 0) or not frame_at(self.path / segment_name(prev), last - prev):
-                return
-            size = os.stat(path, follow_symlinks=False).st_size
-            side = self._discard_stray(last)
-            if durable:
-                fsync_dir(self.path)
-            self._bases.pop()
-            self._events.append(RecoveryEvent(
-                "stray-segment-removed", last, last, size, side, time.time()
-            ))
-            log.warning(
-                "k7core: %s holds no frame and its predecessor's frames run past its base "
-                "(a failed roll): removed it%s; the log goes on in %s",
-                segment_name(last), f" (kept as {side})" if side else "", segment_name(prev),
-            )
-
-    def _discard_stray(self, base: int) -> str | None:
-        """Remove the segment file at ``base``, which holds no frame: deleted, or renamed
-        to ``k7py-stray-seg-<base>.k7`` (returned) if it holds any non-zero byte."""
-        path = self.path / segment_name(base)
-        side = None
-        m = map_file(path, writable=False)
-        if m is not None:
-            try:
-                if last_data(m.ptr, path, 0, m.size):  # never lose a byte: keep it aside
-                    side = f"k7py-stray-{segment_name(base)}"
-                    os.rename(path, self.path / side)
-            finally:
-                m.close()
-        if side is None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        return side
-
-    def _prepare_spare(self, *, prefault: bool = True) -> None:
-        """Start preparing the next segment. Pre-faulting dirties its pages (the kernel may
-        write those zeros back before the data), so only a writer that has filled a segment
-        since it opened, and so will likely fill the next one, gets it."""
-        if self.segment_size >= SPARE_MIN_SIZE:
-            self._r.spare = SpareSegment(
-                self.path / SPARE_SEGMENT, self.segment_size,
-                durable=self.fsync is not Fsync.FLUSH, prefault=prefault, mode=self.file_mode,
-            )
-
-    def _cut_tail(self, m: Mapping, base: int, end: int) -> None:
-        """Save and zero whatever follows the last valid frame, so it can never reappear."""
-        last = last_data(m.ptr, self.path / segment_name(base), end, m.size)
-        if last <= end:
-            return
-        side = self.path / f"k7py-torn-{base:020d}-{end:012d}-{time.time_ns()}.bin"
-        side_fd = open_fd(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.file_mode)
-        with os.fdopen(side_fd, "wb") as f:
-            f.write(m.read(end, last))
-            f.flush()
-            fsync_file(f.fileno(), side)
-        m.zero(end, last)
-        err = k7_msync_range(m, end, last)
-        if err:
-            raise StorageError(f"msync of {segment_name(base)} failed: {os.strerror(err)}",
-                               errno_=err, path=self.path / segment_name(base))
-        self._events.append(RecoveryEvent(
-            "torn-tail-cut", base, base + end, last - end, side.name, time.time()
-        ))
-        log.warning(
-            "k7core: cut the torn or corrupt tail of %s at offset %d (position %d): "
-            "%d bytes discarded, saved to %s",
-            segment_name(base), base + end, end, last - end, side.name,
-        )
-
-    def _flusher(self) -> _Flusher:
-        fl = self._r.flusher
-        if fl is None:
-            fl = self._r.flusher = _Flusher(self.commit_interval, f"k7-flusher-{self.path.name}")
-        return fl
+        return LogView(self._path, self._opts, ffi.cast("k7_pos *", m.ptr), polled=False)
 
     # ------------------------------------------------------------------ writing
 
@@ -492,26 +284,7 @@ class Queue(Resource):
         off = self._fa.append(data)
         if off >= 0:
             return off
-        return self._enqueue_slow(data, off)
-
-    def _enqueue_slow(self, data: Any, rc: int) -> int:
-        with owned(self._fa):
-            for _ in range(2):
-                if rc == CLOSED:
-                    self._check_writable()
-                elif rc == EIO:
-                    self._raise_eio()
-                elif rc == TOOLARGE:
-                    self._check_size(memoryview(data).nbytes)
-                elif rc == NOFIT:
-                    self._check_size(memoryview(data).nbytes)
-                    self._roll()
-                else:
-                    return rc
-                rc = self._fa.append(data)
-            if rc < 0:
-                self._raise_eio() if rc == EIO else self._check_size(memoryview(data).nbytes)
-            return rc
+        return self._active_writer().enqueue_slow(data, off)
 
     def enqueue_many(self, items: Iterable[bytes | bytearray | memoryview]) -> list[int]:
         """Append a batch (one kernel call per segment); return the offsets in order.
@@ -523,30 +296,7 @@ class Queue(Resource):
         out = self._fa.append_many(items, 0)
         if type(out) is list and len(out) == len(items):
             return out
-        return self._enqueue_many_slow(items, out)
-
-    def _enqueue_many_slow(
-        self, items: list[Any] | tuple[Any, ...], out: list[int] | int
-    ) -> list[int]:
-        with owned(self._fa):
-            offsets: list[int] = []
-            while True:
-                if isinstance(out, list):
-                    offsets += out
-                    if len(offsets) == len(items):
-                        return offsets
-                elif out == CLOSED:
-                    self._check_writable()
-                elif out == EIO:
-                    self._raise_eio()
-                elif out == TOOLARGE:
-                    self._check_size(max(memoryview(x).nbytes for x in items[len(offsets):]))
-                elif out in (0, NOFIT):
-                    self._check_size(memoryview(items[len(offsets)]).nbytes)
-                    self._roll()
-                else:
-                    raise AssertionError(f"unexpected append_many result {out}")
-                out = self._fa.append_many(items, len(offsets))
+        return self._active_writer().enqueue_many_slow(items, out)
 
     def enqueue_columnar(
         self, data: bytes | bytearray | memoryview, offsets: Any
@@ -563,276 +313,52 @@ class Queue(Resource):
         n = len(mv) - 1
         if n < 0:
             raise ValueError("offsets must hold at least one entry")
-        return self._append_columnar(data, mv, n)
+        return self._active_writer().append_columnar(data, mv, n)
 
-    def _append_columnar(self, data: Any, offsets: Any, n: int) -> array.array[int]:
-        with owned(self._fa):
-            out = array.array("q", bytes(8 * n))
-            if n == 0:
-                self._check_writable()
-                return out
-            w = self._w
-            if w is None:
-                self._check_writable()
-            dbuf = _from_buffer(data)
-            mv = memoryview(offsets)
-            wide = mv.itemsize == 8
-            obuf = ffi.cast("int64_t *" if wide else "int32_t *", _from_buffer(mv))
-            fn = lib.k7_append_columnar if wide else lib.k7_append_columnar32
-            optr = ffi.cast("int64_t *", _from_buffer(out))
-            done = 0
-            while done < n:
-                rc = fn(self._w, dbuf, len(dbuf), obuf + done, n - done, optr + done)
-                if rc > 0:
-                    done += rc
-                    continue
-                if rc == BADOFFSETS:
-                    raise ValueError("offsets must be non-decreasing and within the data buffer")
-                if rc == TOOLARGE:
-                    self._check_size(max(mv[i + 1] - mv[i] for i in range(done, n)))
-                if rc == EIO:
-                    self._raise_eio()
-                self._check_size(mv[done + 1] - mv[done])
-                self._roll()
-            return out
+    def check_message_size(self, n: int) -> None:
+        """Raise ``MessageTooLargeError`` if a message of ``n`` bytes cannot be enqueued
+        (for callers that check before they hand a message on)."""
+        self._opts.check_message_size(n, self._path)
 
-    def _check_writable(self) -> None:
-        if self._closed:
-            raise ClosedError(f"queue {self.path} is closed", path=self.path)
-        if self.readonly:
+    def _active_writer(self) -> SegmentWriter:
+        """The writer, or the error of a queue that cannot write (closed first)."""
+        w = self._writer
+        if w is None:
+            self._check_open()
             raise ReadOnlyError(
-                f"queue {self.path} was opened with readonly=True", path=self.path,
+                f"queue {self._path} was opened with readonly=True", path=self._path,
                 hint="open it without readonly=True to write (one writer per directory)",
             )
+        return w
 
-    def _check_size(self, n: int) -> None:
-        if n > MAX_PAYLOAD or frame_size(n) > self.segment_size:
-            raise MessageTooLargeError(
-                f"a message of {n} bytes does not fit in a segment of {self.segment_size} "
-                f"bytes (frame header {FRAME_HEADER} bytes, 8-byte aligned)",
-                path=self.path,
-                hint="raise segment_size or split the message",
-            )
-
-    def _note_segment(self, base: int) -> None:
-        st = os.stat(self.path / segment_name(base), follow_symlinks=False)
-        self._seg_id = (st.st_dev, st.st_ino)
-
-    def _check_segment(self) -> None:
-        """Raise (and from then on refuse writes) if the file of the segment being written
-        was deleted, replaced or shrunk underneath the queue: what was written into it since would
-        be gone with the mapping. Its frames are saved to a side file first. One stat: run
-        at every roll, ``sync()`` and ``close()``, not per message."""
-        if self._seg_lost is not None:
-            raise self._seg_lost
-        w, m = self._w, self._r.seg_map
-        if w is None or m is None or m.closed:
-            return
-        base, written = int(w.base), int(w.pos)
-        path = self.path / segment_name(base)
-        try:
-            st = os.stat(path, follow_symlinks=False)
-            if (st.st_dev, st.st_ino) == self._seg_id and st.st_size >= m.size:
-                return
-        except FileNotFoundError:
-            pass
-        w.err = errno.ESTALE  # the kernel refuses every later append
-        side = self.path / f"k7py-orphaned-{segment_name(base)}"
-        try:  # a segment image: renamed back, it restores the frames
-            fd = open_fd(side, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
-            try:
-                os.write(fd, m.read(0, written))
-                os.ftruncate(fd, m.size)
-                fsync_file(fd, side)
-            finally:
-                os.close(fd)
-            hint = (f"they were saved to {side.name}; close the queue, then rename that file "
-                    f"to {segment_name(base)} to restore them")
-        except OSError as exc:
-            hint = f"saving them to {side.name} failed too: {exc}"
-        self._seg_lost = StorageError(
-            f"segment file {path} was deleted, replaced or truncated while this queue was "
-            "writing it: "
-            f"the messages from offset {base} to {base + written} are not in the directory",
-            errno_=errno.ESTALE, path=path, offset=base, hint=hint,
-        )
-        log.error("k7core: %s", self._seg_lost)
-        raise self._seg_lost
-
-    def _raise_eio(self) -> None:
-        if self._seg_lost is not None:
-            raise self._seg_lost
-        w = self._w
-        err = int(w.err) if w is not None else 0
-        if self.fsync is Fsync.SYNC and w is not None:
-            w.err = 0  # the failed frames were rolled back; later writes may succeed
-        raise StorageError(
-            f"msync of {self.path} failed: {os.strerror(err) if err else 'I/O error'}",
-            errno_=err, path=self.path,
-            hint="the affected messages are not durable; check the disk, then reopen the queue",
-        )
-
-    def _roll(self) -> None:
-        """Seal the current segment where the next frame did not fit and start the next one."""
-        w = self._w
-        new_base = int(w.base + w.pos)
-        durable = self.fsync is not Fsync.FLUSH
-        self._check_segment()
-        if durable:
-            with self._flusher_lock():
-                if lib.k7_writer_sync(w):
-                    self._raise_eio()
-        self._remove_strays(int(w.base))
-        dest = self.path / segment_name(new_base)
-        spare, self._r.spare = self._r.spare, None
-        m = spare.take(dest) if spare is not None else None
-        if m is None:
-            # on failure (a full disk) no file is left: the writer goes on in this segment
-            create_segment(self.path, new_base, self.segment_size, durable=durable,
-                           mode=self.file_mode)
-            try:
-                m = map_file(dest, writable=True)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(dest)
-                raise
-            assert m is not None
-            m.prefetch()
-        self._prepare_spare()
-        with self._flusher_lock():
-            w.seg, w.cap, w.base = m.ptr, m.size, new_base
-            w.pos = w.written = w.synced = 0
-            old, self._r.seg_map = self._r.seg_map, m
-        if old is not None:
-            old.close()
-        self._bases.append(new_base)
-        self._note_segment(new_base)
-        self._apply_retention()
-
-    def _remove_strays(self, current: int) -> None:
-        """Delete segment files above the one being written, before a roll: only a roll
-        that failed half-way (and could not clean up) leaves one, never with a frame."""
-        for base in list_segments(self.path):
-            if base <= current:
-                continue
-            path = self.path / segment_name(base)
-            if frame_at(path, 0):
-                raise StorageError(
-                    f"{segment_name(base)} lies beyond the segment this writer is writing "
-                    f"({segment_name(current)}) and holds frames", path=path, offset=base,
-                    hint="another program wrote into the queue directory; move that file "
-                    "away, then roll again",
-                )
-            side = self._discard_stray(base)
-            log.warning("k7core: removed %s, left by a failed roll%s", segment_name(base),
-                        f" (kept as {side})" if side else "")
+    def sync(self) -> None:
+        """Make everything enqueued so far durable (msync) and visible now, any strategy."""
+        self._active_writer().sync()
 
     # ------------------------------------------------------------------ retention
 
     def enforce_retention(self) -> list[int]:
         """Apply the retention policy now (it also runs at open and at every roll); return
         the base offsets of the segments deleted."""
-        with owned(self._fa):
-            self._check_writable()
-            return self._apply_retention()
+        w = self._active_writer()
+        with owned(w.fa):
+            self._check_open()
+            assert self._retention is not None
+            return self._retention.apply(w.base)
 
-    def _apply_retention(self) -> list[int]:
-        """Delete the oldest sealed segments the policy allows, one at a time, oldest first,
-        each unlink made durable before the next: a crash in between leaves a shorter log
-        that starts at a segment base, never a gap."""
-        if self.retention == "none" and self.retention_bytes is None and (
-            self.retention_age is None
-        ):
-            return []
-        w = self._w
-        if w is None:
-            return []
-        current = int(w.base)
-        segs = list_segment_infos(self.path)
-        sealed = [sg for sg in segs if sg.base < current]
-        ends = [sg.base for sg in segs[1:]]  # sealed[i] ends where the next segment starts
-        k = 0
-        if self.retention == "consumed":
-            cursors = read_cursors(self.path)
-            if cursors:
-                end = self._visible_end()  # a cursor outside the log holds everything back
-                low = min(c if 0 <= c <= end else 0 for _, c in cursors)
-                while k < len(sealed) and ends[k] <= low:
-                    k += 1
-        if self.retention_bytes is not None:
-            total = sum(sg.size for sg in segs)
-            j = 0
-            while j < len(sealed) and total > self.retention_bytes:
-                total -= sealed[j].size
-                j += 1
-            k = max(k, j)
-        if self.retention_age is not None:
-            cutoff = time.time() - self.retention_age
-            j = 0
-            while j < len(sealed) and sealed[j].mtime < cutoff:
-                j += 1
-            k = max(k, j)
-        deleted = []
-        durable = self.fsync is not Fsync.FLUSH
-        for sg in sealed[:k]:
-            try:
-                os.unlink(self.path / segment_name(sg.base))
-            except FileNotFoundError:
-                pass
-            except OSError as exc:  # never fail a write or an open because of retention
-                log.warning("k7core: retention could not delete %s: %s",
-                            segment_name(sg.base), exc.strerror)
-                break
-            else:
-                self._deleted_segments += 1
-                self._deleted_bytes += sg.size
-            deleted.append(sg.base)
-            if durable:
-                try:  # the unlink is durable before the next one: no gap after a crash
-                    fsync_dir(self.path)
-                except OSError as exc:
-                    log.warning("k7core: retention stopped: fsync of %s failed: %s",
-                                self.path, exc.strerror)
-                    break
-        if deleted:
-            self._bases = [b for b in self._bases if b > deleted[-1]]
-            log.info("k7core: retention deleted %d segment(s) of %s up to base %d",
-                     len(deleted), self.path, deleted[-1])
-        return deleted
-
-    def _flusher_lock(self) -> Any:
-        fl = self._r.flusher
-        return fl.lock if fl is not None else _NO_LOCK
-
-    def sync(self) -> None:
-        """Make everything enqueued so far durable (msync) and visible now, any strategy."""
-        with owned(self._fa):
-            self._check_writable()
-            with self._flusher_lock():
-                if lib.k7_writer_sync(self._w):
-                    self._raise_eio()
-            self._check_segment()
+    def delete_before(self, offset: int) -> list[int]:
+        """Delete the sealed segments whose messages all lie below ``offset`` (for a layer
+        that keeps what it needs elsewhere, such as a snapshot); return their base
+        offsets. The segment being written is kept. A group whose cursor lies in a deleted
+        segment then meets ``DataLossError`` (see ``on_data_loss``)."""
+        offset = check_int(offset, "offset", 0, MAX_OFFSET)
+        w = self._active_writer()
+        with owned(w.fa):
+            self._check_open()
+            assert self._retention is not None
+            return self._retention.delete_before(offset, w.base)
 
     # ------------------------------------------------------------------ reading
-
-    def _visible_end(self) -> int:
-        end: int = lib.k7_load_end(self._pub)
-        return end if end > self._floor_end else self._floor_end
-
-    def _readable_end(self) -> int:
-        """Up to where a group may be positioned: the visible end, or with ``fsync="async"``
-        what this writer has written (visible within ``commit_interval``)."""
-        w, fl = self._w, self._r.flusher
-        if w is None or fl is None:
-            return self._visible_end()
-        with fl.lock:  # a roll moves base and pos together under it
-            written = int(w.base + w.pos)
-        return max(written, self._visible_end())
-
-    def _segment_bases(self, refresh: bool = False) -> list[int]:
-        if refresh or not self._bases:
-            self._bases = list_segments(self.path)
-        return self._bases
 
     def wait(self, after: int, timeout: float | None) -> int:
         """Wait, asleep until the writer publishes (futex), up to ``timeout`` seconds (None:
@@ -843,25 +369,17 @@ class Queue(Resource):
         after = check_int(after, "after", -1, MAX_OFFSET)
         deadline = time.monotonic() + check_timeout(timeout)
         while True:
-            end = self._visible_end()
+            end = self._log.visible_end()
             left = deadline - time.monotonic()
             if end > after or left <= 0:
                 return end
-            self._wait(end, left)
-
-    def _wait(self, known_end: int, timeout: float) -> None:
-        """Sleep until the writer publishes past ``known_end`` or for ``timeout`` seconds,
-        at most ``WAIT_SLICE`` (callers loop until their deadline, which may be infinite)."""
-        if self._r.pos_map is None:
-            time.sleep(min(timeout, 0.001))
-            return
-        lib.k7_wait(self._pub, known_end, int(min(timeout, WAIT_SLICE) * 1e9))
+            self._log.wait(end, left)
 
     @property
     def end(self) -> int:
         """The visible end of the log: readers see every message below this offset."""
         self._check_open()
-        return self._visible_end()
+        return self._log.visible_end()
 
     @property
     def closed(self) -> bool:
@@ -869,7 +387,7 @@ class Queue(Resource):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ClosedError(f"queue {self.path} is closed", path=self.path)
+            raise ClosedError(f"queue {self._path} is closed", path=self._path)
 
     def consumer_group(
         self,
@@ -884,10 +402,11 @@ class Queue(Resource):
         ``"raise"`` (``DataLossError``) or ``"earliest"`` (jump to the earliest offset). A
         new group starts at the earliest offset of the log.
         """
-        from ._group import ConsumerGroup
-
         self._check_open()
-        return ConsumerGroup(self, name, cursor_fsync=cursor_fsync, on_data_loss=on_data_loss)
+        return ConsumerGroup(
+            self._log, name, cursor_fsync=cursor_fsync, on_data_loss=on_data_loss,
+            registry=self._groups,
+        )
 
     def read_columnar(self, offset: int, max_messages: int = 65536) -> ColumnarBatch:
         """Read up to ``max_messages`` (1 .. ``MAX_BATCH``) frames from ``offset`` (a frame
@@ -897,279 +416,111 @@ class Queue(Resource):
         segment), without a Python object per message. No consumer group is involved.
         """
         self._check_open()
-        offset = check_int(offset, "offset", 0, MAX_OFFSET)
-        max_messages = check_count(max_messages, "max_messages")
-        starts = _ZERO * max_messages
-        lens = _ZERO * max_messages
-        try:
-            reader = self._bulk_readers.pop()  # atomic: each reader has one user at a time
-        except IndexError:
-            reader = Reader(self, 1)
-        try:
-            batch = self._read_columnar(reader, offset, max_messages, starts, lens)
-        except BaseException:
-            reader.close()
-            raise
-        if self._closed:
-            reader.close()
-        else:
-            self._bulk_readers.append(reader)
-        return batch
-
-    def _read_columnar(
-        self, reader: Reader, offset: int, max_messages: int,
-        starts: array.array[int], lens: array.array[int],
-    ) -> ColumnarBatch:
-        c = reader.c
-        with _from_buffer(starts) as sbuf, _from_buffer(lens) as lbuf:
-            try:
-                c.starts, c.lens = ffi.cast("int64_t *", sbuf), ffi.cast("int64_t *", lbuf)
-                c.capacity = max_messages
-                c.pos = offset
-                n = reader.read(max_messages)
-                view = reader.view[:] if n and reader.view is not None else memoryview(b"")
-                offsets = _ZERO * n
-                if n:
-                    lib.k7_add_const(ffi.cast("int64_t *", _from_buffer(offsets)),
-                                     c.starts, n, reader.base10)
-                next_offset = int(c.pos)
-            finally:
-                c.starts = c.lens = ffi.NULL
-                c.capacity = 0
-        del starts[n:]
-        del lens[n:]
-        return ColumnarBatch(offsets, starts, lens, view, next_offset)
+        return self._bulk.read(offset, max_messages)
 
     # ------------------------------------------------------------------ introspection
 
     def earliest(self) -> int:
         """The first offset still in the log (the base of the oldest segment)."""
         self._check_open()
-        bases = list_segments(self.path)
+        bases = list_segments(self._path)
         return bases[0] if bases else 0
 
     def count_messages(self, start: int, end: int) -> int | None:
         """How many frames lie in [start, end) (``start`` a frame boundary), by a CRC-checked
         scan; None if that range is unreadable (deleted, corrupt)."""
         self._check_open()
-        if end <= start:
-            return 0
-        r = Reader(self, 4096)
-        r.c.pos = start
-        n = 0
-        try:
-            while int(r.c.pos) < end:
-                got = r.read(4096)
-                if not got:
-                    break
-                if int(r.c.pos) <= end:
-                    n += got
-                else:
-                    n += sum(1 for i in range(got) if r.base10 + int(r.c.starts[i]) < end)
-        except K7Error:
-            return None
-        finally:
-            r.close()
-        return n
-
-    def _lag_messages(self, start: int, end: int) -> int | None:
-        return self.count_messages(start, end) if end - start <= LAG_COUNT_LIMIT else None
+        return count_frames(self._log, start, end)
 
     def stats(self) -> QueueStats:
         """A snapshot of the queue: offsets, segments, every group's cursor and lag, syncs,
         recovery events and retention. Reads the directory; takes no lock; works on a
         ``readonly`` queue too."""
         self._check_open()
-        segs = list_segment_infos(self.path)
-        end = self._visible_end()
+        path, opts = self._path, self._opts
+        segs = list_segment_infos(path)
+        end = self._log.visible_end()
         earliest = segs[0].base if segs else 0
         groups = []
         locks = LockTable()
-        for name, committed in read_cursors(self.path):
+        for name, committed in read_cursors(path):
             lag = max(0, end - committed)
-            msgs = None if committed < earliest else self._lag_messages(committed, end)
-            groups.append(GroupInfo(name, committed, lag, msgs,
-                                    group_owned(self.path, name, locks)))
-        w = self._w
+            msgs = None if committed < earliest else lag_messages(self._log, committed, end)
+            groups.append(GroupInfo(name, committed, lag, msgs, group_owned(path, name, locks)))
+        w = self._writer.c if self._writer is not None else None
+        ret = self._retention
         return QueueStats(
-            path=str(self.path),
-            readonly=self.readonly,
-            writer_active=not self.readonly or locks.locked(self.path / WRITER_LOCK),
-            fsync=None if self.readonly else self.fsync.value,
-            segment_size=None if self.readonly else self.segment_size,
+            path=str(path),
+            readonly=opts.readonly,
+            writer_active=not opts.readonly or locks.locked(path / WRITER_LOCK),
+            fsync=None if opts.readonly else opts.fsync.value,
+            segment_size=None if opts.readonly else opts.segment_size,
             earliest_offset=earliest,
             next_offset=end,
             segment_count=len(segs),
             segment_bytes=sum(sg.size for sg in segs),
-            disk_bytes=disk_bytes(self.path),
+            disk_bytes=disk_bytes(path),
             segments=tuple(segs),
             groups=tuple(groups),
             log_syncs=int(w.nsyncs) if w is not None else None,
             log_sync=SyncLatency.from_writer(w) if w is not None else None,
             recovery_events=tuple(self._events),
-            retention=self.retention,
-            retention_deleted_segments=self._deleted_segments,
-            retention_deleted_bytes=self._deleted_bytes,
+            retention=opts.retention,
+            retention_deleted_segments=ret.deleted_segments if ret is not None else 0,
+            retention_deleted_bytes=ret.deleted_bytes if ret is not None else 0,
         )
 
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        """Close the open groups, stop the flusher after a final sync, release files. Idempotent."""
+        """Close the open groups, make everything durable, release files. Idempotent."""
         if self._closed:
             return
         # Another thread inside enqueue or poll: refuse (ConcurrentUseError) before anything
         # is released under it.
-        for g in list(self._groups):
-            g._check_owner()
+        self._groups.check_idle()
         with owned(self._fa):
             self._close()
 
     def _close(self) -> None:
         self._closed = True
-        first_error: BaseException | None = None
-        for g in list(self._groups):
-            try:
-                g.close()
-            except K7Error as exc:  # keep closing; report the first failure at the end
-                first_error = first_error or exc
-        self._fa.detach()
-        while self._bulk_readers:
-            self._bulk_readers.pop().close()
-        try:
-            self._check_segment()
-        except StorageError as exc:
-            first_error = first_error or exc
-        w, self._w = self._w, None
+        first_error: BaseException | None = self._groups.close_all()
+        self._bulk.close()
+        w = self._writer
         err = 0
-        fl = self._r.flusher
-        if fl is not None:
-            fl.stop()
-            err = fl.error
         if w is not None:
-            with self._flusher_lock():
-                # an earlier failure stays reported: pages whose writeback failed may be
-                # gone even if this msync succeeds
-                err = lib.k7_writer_sync(w) or int(w.err) or err
+            try:
+                w.check_segment()
+            except StorageError as exc:
+                first_error = first_error or exc
+            err = self._log.close()  # the background flush's last pass, and its errors
+            err = w.close() or err
+        else:
+            self._log.close()
         held = (
-            self._lock_drained(int(w.base + w.pos))
-            if self.remove_when_empty and w is not None and not err and first_error is None
+            lock_drained(self._path, w.end())
+            if self._opts.remove_when_empty and w is not None and not err and first_error is None
             else None
         )
-        remove = held is not None
         if held is not None:
             try:
-                self._remove_files()
+                remove_queue_files(self._path)
             finally:
                 for fd in held:
                     os.close(fd)
         self._finalizer()
-        if remove:
+        if held is not None:
             with contextlib.suppress(OSError):
-                os.rmdir(self.path)
+                os.rmdir(self._path)
         if first_error is not None:
             raise first_error
-        if err and not self.readonly:
+        if err:
             raise StorageError(
-                f"final msync of {self.path} failed: {os.strerror(err)}", errno_=err,
-                path=self.path, hint="recently enqueued messages may not be durable",
+                f"final msync of {self._path} failed: {os.strerror(err)}", errno_=err,
+                path=self._path, hint="recently enqueued messages may not be durable",
             )
-
-    def _lock_drained(self, end: int) -> list[int] | None:
-        """If every group has committed ``end`` (with no group: if the log holds no message),
-        lock every cursor file (so no consumer opens one meanwhile) and return the locked
-        fds; None, with nothing locked, otherwise or when a consumer owns a group."""
-        cursors = read_cursors(self.path)
-        if not cursors:
-            bases = list_segments(self.path)
-            return [] if not bases or end == bases[0] else None
-        if any(c < end for _, c in cursors):
-            return None
-        fds: list[int] = []
-        try:
-            for name, _ in cursors:
-                fd = open_fd(self.path / cursor_name(name), os.O_RDONLY)
-                fds.append(fd)
-                if not try_lock(fd):
-                    raise BlockingIOError
-            if all(c >= end for _, c in read_cursors(self.path)):  # unchanged since
-                return fds
-        except OSError:
-            pass
-        for fd in fds:
-            os.close(fd)
-        return None
-
-    def _remove_files(self) -> None:
-        """Delete every file of the queue, the writer lock last (we still hold it)."""
-        for name in os.listdir(self.path):
-            if SEGMENT_RE.match(name) or (
-                name.startswith("cursor-") and name.endswith(".k7")
-            ) or (name.startswith("k7py-") and name != WRITER_LOCK and name != "k7py-staging"):
-                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-                    os.unlink(self.path / name)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path / WRITER_LOCK)
-        log.info("k7core: removed the drained queue %s", self.path)
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("readonly" if self.readonly else self.fsync.value)
-        return f"<k7core.Queue {str(self.path)!r} {state}>"
-
-
-class ColumnarBatch:
-    """A batch read without per-message objects: ``payload i`` is
-    ``view[starts[i]:starts[i] + lengths[i]]``; ``next`` is the offset after the batch."""
-
-    __slots__ = ("lengths", "next", "offsets", "starts", "view")
-
-    def __init__(
-        self,
-        offsets: array.array[int],
-        starts: array.array[int],
-        lengths: array.array[int],
-        view: memoryview,
-        next_offset: int,
-    ) -> None:
-        self.offsets = offsets
-        self.starts = starts
-        self.lengths = lengths
-        self.view = view
-        self.next = next_offset
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def payload(self, i: int) -> memoryview:
-        s = self.starts[i]
-        return self.view[s : s + self.lengths[i]]
-
-    def gather(self) -> tuple[bytes, array.array[int]]:
-        """Copy the payloads into one contiguous buffer with int32 Arrow-style offsets."""
-        n = len(self.offsets)
-        total = sum(self.lengths)
-        dst = bytearray(total)
-        offs = array.array("i", bytes(4 * (n + 1)))
-        if n:
-            src = ffi.from_buffer(self.view)
-            rc = lib.k7_gather(
-                src, len(src),
-                ffi.cast("int64_t *", ffi.from_buffer(self.starts)),
-                ffi.cast("int64_t *", ffi.from_buffer(self.lengths)),
-                n, ffi.from_buffer(dst), total,
-                ffi.cast("int32_t *", ffi.from_buffer(offs)),
-            )
-            if rc < 0:
-                raise ValueError("batch too large to gather into int32 offsets")
-        return bytes(dst), offs
-
-
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NO_LOCK = _NoLock()
+        opts = self._opts
+        state = "closed" if self._closed else ("readonly" if opts.readonly else opts.fsync.value)
+        return f"<k7core.Queue {str(self._path)!r} {state}>"

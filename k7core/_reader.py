@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import bisect
 import errno
-from typing import TYPE_CHECKING
 
-from ._errors import CorruptFrameError, DataLossError, StorageError
+from ._errors import CorruptFrameError, DataLossError, K7Error, StorageError
 from ._format import FRAME_ALIGN, FRAME_HEADER, segment_name
 from ._kernel import SCAN_CORRUPT, SCAN_EMPTY, ffi, lib
+from ._log import LogView
 from ._native._fast import Fetcher
+from ._stats import LAG_COUNT_LIMIT
 from ._storage import Mapping, last_data, map_file, next_frame
-
-if TYPE_CHECKING:
-    from ._queue import Queue
 
 SCAN_NOSEG: int = lib.K7_SCAN_NOSEG
 
@@ -28,8 +26,8 @@ class Reader:
     maps segments and raises on corrupt frames.
     """
 
-    def __init__(self, queue: Queue, capacity: int = 256) -> None:
-        self._queue = queue
+    def __init__(self, log: LogView, capacity: int = 256) -> None:
+        self._log = log
         self._map: Mapping | None = None
         self.view: memoryview | None = None  # read-only view of the current segment
         self.base10 = 0  # current segment base minus the frame header: offset = base10 + start
@@ -38,8 +36,8 @@ class Reader:
         # ends there: its sealed end), None while it was the last
         self._next_base: int | None = None
         c = self.c = ffi.new("k7_reader *")
-        c.pub = queue._pub
-        c.floor_end = queue._floor_end
+        c.pub = log.pub
+        c.floor_end = log.floor_end
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -94,7 +92,7 @@ class Reader:
         if self._next_base is not None or self._map is None:
             return False
         base = int(c.base)
-        later = [b for b in self._queue._segment_bases(refresh=True) if b > base]
+        later = [b for b in self._log.segment_bases(refresh=True) if b > base]
         if not later:
             return False
         self._next_base = later[0]
@@ -105,18 +103,18 @@ class Reader:
         return True
 
     def _map_segment_for(self, pos: int) -> None:
-        bases = self._queue._segment_bases()
+        bases = self._log.segment_bases()
         i = bisect.bisect_right(bases, pos) - 1
         fresh = i < 0 or i + 1 == len(bases) or self._map_size_is_stale(bases[i])
         if fresh:
-            bases = self._queue._segment_bases(refresh=True)
+            bases = self._log.segment_bases(refresh=True)
             i = bisect.bisect_right(bases, pos) - 1
         if i < 0:
             if bases:
                 raise self._data_loss(pos, bases[0])
             raise CorruptFrameError(
                 f"offset {pos} is before the first segment of the queue",
-                path=self._queue.path, offset=pos, hint="seek to a later offset",
+                path=self._log.path, offset=pos, hint="seek to a later offset",
             )
         if self._map is not None and bases[i] == int(self.c.base):
             # still in the mapped segment, past its file's end: the file is shorter than
@@ -129,7 +127,7 @@ class Reader:
         reading can resume: the next valid frame of this segment, else the next segment,
         else the visible end."""
         c, base = self.c, int(self.c.base)
-        later = [b for b in self._queue._segment_bases(refresh=True) if b > pos]
+        later = [b for b in self._log.segment_bases(refresh=True) if b > pos]
         region = (later[0] if later else int(c.end)) - base
         limit = min(int(c.cap), region)
         local = pos - base
@@ -142,13 +140,13 @@ class Reader:
             hint = f"seek to {base + region} (the end of the log) to skip it"
         return CorruptFrameError(
             f"corrupt frame at offset {pos} in {segment_name(base)}",
-            path=self._queue.path / segment_name(base), offset=pos, hint=hint,
+            path=self._log.path / segment_name(base), offset=pos, hint=hint,
         )
 
     def _data_loss(self, pos: int, earliest: int) -> DataLossError:
         return DataLossError(
             f"offset {pos} was deleted by retention; the log now starts at {earliest}",
-            path=self._queue.path, offset=pos, earliest=earliest,
+            path=self._log.path, offset=pos, earliest=earliest,
             hint=f"seek({earliest}) to continue from the earliest message, or open the group "
             "with on_data_loss='earliest'",
         )
@@ -158,7 +156,7 @@ class Reader:
         return CorruptFrameError(
             f"segment {segment_name(base)} {why}"
             + (f": the log has a gap from offset {base} to {later[0]}" if later else ""),
-            path=self._queue.path / segment_name(base), offset=base,
+            path=self._log.path / segment_name(base), offset=base,
             hint=f"restore the file, or seek to {later[0]} (the next segment)"
             if later else "restore the file",
         )
@@ -171,7 +169,7 @@ class Reader:
             f"segment file {segment_name(base)} is too short: it holds {self._map.size} bytes "
             f"but the segment was sealed at position {nxt - base} (the next segment starts "
             f"at {nxt}): the log has a gap from offset {pos} to {nxt}",
-            path=self._queue.path / segment_name(base), offset=pos,
+            path=self._log.path / segment_name(base), offset=pos,
             hint=f"restore the file, or seek to {nxt} (the next segment)",
         )
 
@@ -182,10 +180,10 @@ class Reader:
         """The current segment has no frame at ``pos`` but data is visible beyond it: the
         segment was sealed there, so the next segment must start at ``pos``."""
         cur = int(self.c.base)
-        bases = self._queue._segment_bases()
+        bases = self._log.segment_bases()
         fresh = pos not in bases
         if fresh:
-            bases = self._queue._segment_bases(refresh=True)
+            bases = self._log.segment_bases(refresh=True)
         if pos in bases and pos != cur:
             self._map_segment(pos, fresh=fresh)
             return
@@ -197,13 +195,13 @@ class Reader:
             local = pos - cur
             if local > m.size - FRAME_HEADER:
                 raise self._short(cur, pos)
-            if last_data(m.ptr, self._queue.path / segment_name(cur), local, m.size) == local:
+            if last_data(m.ptr, self._log.path / segment_name(cur), local, m.size) == local:
                 # only zeros follow: this segment was sealed at ``pos``, where the next
                 # segment should start
                 raise self._missing(pos, later)
         raise CorruptFrameError(
             f"no valid frame at offset {pos} in {segment_name(cur)} and no segment starts there",
-            path=self._queue.path / segment_name(cur),
+            path=self._log.path / segment_name(cur),
             offset=pos,
             hint=f"seek to {later[0]} (the next segment)" if later else "seek past it",
         )
@@ -214,17 +212,17 @@ class Reader:
         (bytes a JVM writer's recovery left there are not part of the log). ``fresh``: the
         queue's segment list was just read again, so it says whether one follows."""
         self.close()
-        bases = self._queue._segment_bases()
+        bases = self._log.segment_bases()
         if not fresh and (not bases or bases[-1] <= base):  # is it still the last one?
-            bases = self._queue._segment_bases(refresh=True)
+            bases = self._log.segment_bases(refresh=True)
         j = bisect.bisect_right(bases, base)
         later = bases[j : j + 1]  # the next segment, if any
         try:
-            m = map_file(self._queue.path / segment_name(base), writable=False)
+            m = map_file(self._log.path / segment_name(base), writable=False)
         except StorageError as exc:
             if exc.errno != errno.ENOENT:
                 raise
-            bases = self._queue._segment_bases(refresh=True)
+            bases = self._log.segment_bases(refresh=True)
             if bases and base < bases[0]:  # deleted by retention just now
                 raise self._data_loss(base, bases[0]) from None
             raise self._missing(base, [b for b in bases if b > base]) from None
@@ -257,3 +255,32 @@ class Reader:
             return self.view[s : s + int(c.lens[0])]
         finally:
             c.pos = saved
+
+
+def count_frames(log: LogView, start: int, end: int) -> int | None:
+    """How many frames lie in [start, end) (``start`` a frame boundary), by a CRC-checked
+    scan; None if that range is unreadable (deleted, corrupt)."""
+    if end <= start:
+        return 0
+    r = Reader(log, 4096)
+    r.c.pos = start
+    n = 0
+    try:
+        while int(r.c.pos) < end:
+            got = r.read(4096)
+            if not got:
+                break
+            if int(r.c.pos) <= end:
+                n += got
+            else:
+                n += sum(1 for i in range(got) if r.base10 + int(r.c.starts[i]) < end)
+    except K7Error:
+        return None
+    finally:
+        r.close()
+    return n
+
+
+def lag_messages(log: LogView, start: int, end: int) -> int | None:
+    """:func:`count_frames` when the range is at most ``LAG_COUNT_LIMIT`` bytes, else None."""
+    return count_frames(log, start, end) if end - start <= LAG_COUNT_LIMIT else None

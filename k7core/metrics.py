@@ -120,10 +120,10 @@ class K7Collector(Collector):
                 if g.lag_messages is not None:
                     lag_msgs.add_metric([name, g.name], g.lag_messages)
         for grp in list(self._groups):
-            if grp.closed or grp.queue.closed:
+            if grp.closed:
                 continue
             gs = grp.stats()
-            labels = [str(grp.queue.path), gs.name]
+            labels = [str(grp.queue_path), gs.name]
             position.add_metric(labels, gs.position)
             in_flight.add_metric(labels, gs.in_flight)
             jumps.add_metric(labels, gs.data_loss_jumps)

@@ -498,74 +498,122 @@ int k7_cursor_sync(k7_cursor *c) {
 
 /* ------------------------------------------------------------------ flusher */
 
-struct k7_flusher {
-    k7_bell bell;
-    int32_t stop;
-    int32_t err;
-    int64_t interval_ns;
+struct k7_slot {
+    pthread_mutex_t mu;
     k7_writer *writer;
     k7_cursor **cursors;
     int64_t ncursors, capcursors;
-    pthread_mutex_t mu;
+    int32_t err;
+};
+
+k7_slot *k7_slot_new(void) {
+    k7_slot *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    /* Recursive: a dropped group collected by the GC releases its cursor (takes this lock)
+     * on whatever thread runs the collection, possibly one that already holds it. */
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&s->mu, &attr);
+    pthread_mutexattr_destroy(&attr);
+    return s;
+}
+
+void k7_slot_free(k7_slot *s) {
+    if (!s) return;
+    pthread_mutex_destroy(&s->mu);
+    free(s->cursors);
+    free(s);
+}
+
+void k7_slot_lock(k7_slot *s) { pthread_mutex_lock(&s->mu); }
+void k7_slot_unlock(k7_slot *s) { pthread_mutex_unlock(&s->mu); }
+void k7_slot_set_writer(k7_slot *s, k7_writer *w) { s->writer = w; }
+int k7_slot_error(k7_slot *s) { return __atomic_load_n(&s->err, __ATOMIC_ACQUIRE); }
+
+int k7_slot_add_cursor(k7_slot *s, k7_cursor *c) {
+    if (s->ncursors == s->capcursors) {
+        int64_t cap = s->capcursors ? 2 * s->capcursors : 8;
+        k7_cursor **p = realloc(s->cursors, (size_t)cap * sizeof *p);
+        if (!p) return ENOMEM;
+        s->cursors = p;
+        s->capcursors = cap;
+    }
+    s->cursors[s->ncursors++] = c;
+    return 0;
+}
+
+void k7_slot_remove_cursor(k7_slot *s, k7_cursor *c) {
+    for (int64_t i = 0; i < s->ncursors; i++) {
+        if (s->cursors[i] == c) {
+            s->cursors[i] = s->cursors[--s->ncursors];
+            return;
+        }
+    }
+}
+
+int k7_slot_sync(k7_slot *s) {
+    int rc = 0;
+    if (s->writer) rc = k7_writer_sync(s->writer);
+    for (int64_t i = 0; i < s->ncursors; i++) {
+        int r = k7_cursor_sync(s->cursors[i]);
+        if (r && !rc) rc = r;
+    }
+    if (rc) {
+        int32_t none = 0;
+        __atomic_compare_exchange_n(&s->err, &none, rc, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+    }
+    return rc;
+}
+
+struct k7_flusher {
+    k7_bell bell;
+    int32_t stop;
+    int64_t interval_ns;
+    k7_slot **slots;
+    int64_t nslots, capslots;
+    pthread_mutex_t mu;  /* the slot list; held for a whole pass */
 };
 
 k7_flusher *k7_flusher_new(int64_t interval_ns) {
     k7_flusher *f = calloc(1, sizeof *f);
     if (!f) return NULL;
     f->interval_ns = interval_ns;
-    /* Recursive: a dropped group collected by the GC releases its cursor (takes this lock)
-     * on whatever thread runs the collection, possibly one that already holds it. */
-    pthread_mutexattr_t attr;
-    pthread_mutexattr_init(&attr);
-    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
-    pthread_mutex_init(&f->mu, &attr);
-    pthread_mutexattr_destroy(&attr);
+    pthread_mutex_init(&f->mu, NULL);
     return f;
 }
 
 void k7_flusher_free(k7_flusher *f) {
     if (!f) return;
     pthread_mutex_destroy(&f->mu);
-    free(f->cursors);
+    free(f->slots);
     free(f);
 }
 
 k7_bell *k7_flusher_bell(k7_flusher *f) { return &f->bell; }
-void k7_flusher_lock(k7_flusher *f) { pthread_mutex_lock(&f->mu); }
-void k7_flusher_unlock(k7_flusher *f) { pthread_mutex_unlock(&f->mu); }
-void k7_flusher_set_writer(k7_flusher *f, k7_writer *w) { f->writer = w; }
-int k7_flusher_error(k7_flusher *f) { return __atomic_load_n(&f->err, __ATOMIC_ACQUIRE); }
 
-int k7_flusher_add_cursor(k7_flusher *f, k7_cursor *c) {
-    if (f->ncursors == f->capcursors) {
-        int64_t cap = f->capcursors ? 2 * f->capcursors : 8;
-        k7_cursor **p = realloc(f->cursors, (size_t)cap * sizeof *p);
-        if (!p) return ENOMEM;
-        f->cursors = p;
-        f->capcursors = cap;
+int k7_flusher_attach(k7_flusher *f, k7_slot *s) {
+    int rc = 0;
+    pthread_mutex_lock(&f->mu);
+    if (f->nslots == f->capslots) {
+        int64_t cap = f->capslots ? 2 * f->capslots : 8;
+        k7_slot **p = realloc(f->slots, (size_t)cap * sizeof *p);
+        if (!p) rc = ENOMEM; else { f->slots = p; f->capslots = cap; }
     }
-    f->cursors[f->ncursors++] = c;
-    return 0;
+    if (!rc) f->slots[f->nslots++] = s;
+    pthread_mutex_unlock(&f->mu);
+    return rc;
 }
 
-void k7_flusher_remove_cursor(k7_flusher *f, k7_cursor *c) {
-    for (int64_t i = 0; i < f->ncursors; i++) {
-        if (f->cursors[i] == c) {
-            f->cursors[i] = f->cursors[--f->ncursors];
-            return;
+void k7_flusher_detach(k7_flusher *f, k7_slot *s) {
+    pthread_mutex_lock(&f->mu);
+    for (int64_t i = 0; i < f->nslots; i++) {
+        if (f->slots[i] == s) {
+            f->slots[i] = f->slots[--f->nslots];
+            break;
         }
     }
-}
-
-int k7_flusher_sync(k7_flusher *f) {
-    int rc = 0;
-    if (f->writer) rc = k7_writer_sync(f->writer);
-    for (int64_t i = 0; i < f->ncursors; i++) {
-        int r = k7_cursor_sync(f->cursors[i]);
-        if (r && !rc) rc = r;
-    }
-    if (rc) __atomic_store_n(&f->err, rc, __ATOMIC_RELEASE);
-    return rc;
+    pthread_mutex_unlock(&f->mu);
 }
 
 void k7_flusher_stop(k7_flusher *f) {
@@ -590,10 +638,15 @@ void k7_flusher_run(k7_flusher *f) {
     for (;;) {
         uint32_t seen = k7_bell_seq(&f->bell);
         pthread_mutex_lock(&f->mu);
-        k7_flusher_sync(f);
+        for (int64_t i = 0; i < f->nslots; i++) {
+            k7_slot *s = f->slots[i];
+            pthread_mutex_lock(&s->mu);
+            k7_slot_sync(s);
+            pthread_mutex_unlock(&s->mu);
+        }
         pthread_mutex_unlock(&f->mu);
         if (__atomic_load_n(&f->stop, __ATOMIC_SEQ_CST)) return;
-        interval_sleep(f);   /* at most one msync per interval */
+        interval_sleep(f);   /* at most one pass per interval */
         k7_bell_wait(&f->bell, seen, 200000000LL);
     }
 }

@@ -150,21 +150,29 @@ int k7_cursor_store(k7_cursor *c, int64_t value);
 int64_t k7_cursor_load(const k7_cursor *c);
 int k7_cursor_sync(k7_cursor *c);   /* msync if dirty; 0 or errno */
 
-/* Background flusher (the "async" strategy): a loop that runs without the GIL,
- * msyncs the writer and the registered cursors, publishes, and sleeps on its bell. */
+/* Background flusher (the "async" strategy): one thread, run without the GIL, serves many
+ * queues. Each queue is a slot (its writer and its async cursors, with its own lock, which
+ * also serialises the queue's rolls with the flusher); the flusher msyncs every attached
+ * slot, publishes, and sleeps on its bell. */
+typedef struct k7_slot k7_slot;
+k7_slot *k7_slot_new(void);
+void k7_slot_free(k7_slot *s);
+void k7_slot_lock(k7_slot *s);
+void k7_slot_unlock(k7_slot *s);
+void k7_slot_set_writer(k7_slot *s, k7_writer *w);      /* under the slot lock */
+int k7_slot_add_cursor(k7_slot *s, k7_cursor *c);       /* under the slot lock; 0 or ENOMEM */
+void k7_slot_remove_cursor(k7_slot *s, k7_cursor *c);   /* under the slot lock */
+int k7_slot_sync(k7_slot *s);       /* one pass, under the slot lock; 0 or errno */
+int k7_slot_error(k7_slot *s);      /* the first errno a flusher pass met, 0 if none */
+
 typedef struct k7_flusher k7_flusher;
 k7_flusher *k7_flusher_new(int64_t interval_ns);
 void k7_flusher_free(k7_flusher *f);
 k7_bell *k7_flusher_bell(k7_flusher *f);
 void k7_flusher_run(k7_flusher *f);         /* blocks until k7_flusher_stop */
 void k7_flusher_stop(k7_flusher *f);
-void k7_flusher_lock(k7_flusher *f);
-void k7_flusher_unlock(k7_flusher *f);
-void k7_flusher_set_writer(k7_flusher *f, k7_writer *w);      /* under the lock */
-int k7_flusher_add_cursor(k7_flusher *f, k7_cursor *c);       /* under the lock; 0 or ENOMEM */
-void k7_flusher_remove_cursor(k7_flusher *f, k7_cursor *c);   /* under the lock */
-int k7_flusher_sync(k7_flusher *f);         /* one pass, under the lock; 0 or errno */
-int k7_flusher_error(k7_flusher *f);
+int k7_flusher_attach(k7_flusher *f, k7_slot *s);  /* 0 or ENOMEM */
+void k7_flusher_detach(k7_flusher *f, k7_slot *s); /* on return, no pass touches s */
 
 /* SIGBUS guard (k7_bus.c, in the cffi module only): a page of a registered map lost to a
  * truncated file (or unreadable) is replaced by a private zero page instead of ending the

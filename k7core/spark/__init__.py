@@ -44,10 +44,10 @@ except ImportError as exc:
     raise MissingExtraError("k7core.spark", "spark", exc) from exc
 
 from .. import Queue
+from .._columnar import ColumnarBatch
 from .._errors import DataLossError, K7Error, NotAQueueError, QueueLockedError, StorageError
 from .._format import check_group_name, cursor_name, decode_cursor
 from .._group import check_cursor
-from .._queue import ColumnarBatch
 from .._storage import list_segments, read_file
 
 if TYPE_CHECKING:

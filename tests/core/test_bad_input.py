@@ -69,7 +69,7 @@ def test_poll_without_a_limit_waits_for_a_message(tmp_path: Path, timeout: float
         got: list[k7core.Message] = []
         t = threading.Thread(target=lambda: got.extend(g.poll(max_batch=4, timeout=timeout)))
         t.start()
-        wait_until(lambda: q._pub.waiters == 1)  # asleep in the kernel, nothing visible
+        wait_until(lambda: q._log.pub.waiters == 1)  # asleep in the kernel, nothing visible
         off = q.enqueue(b"late")
         t.join(10)
         assert not t.is_alive()
@@ -82,7 +82,7 @@ def test_queue_wait_without_a_limit(tmp_path: Path, timeout: float | None) -> No
         ends: list[int] = []
         t = threading.Thread(target=lambda: ends.append(q.wait(0, timeout)))
         t.start()
-        wait_until(lambda: q._pub.waiters == 1)
+        wait_until(lambda: q._log.pub.waiters == 1)
         q.enqueue(b"x")
         t.join(10)
         assert ends == [q.end]

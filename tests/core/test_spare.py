@@ -19,7 +19,7 @@ def list_segments_names(path: Path) -> list[str]:
 
 def spare_ready(q: k7core.Queue) -> bool:
     """Wait for the background preparation (white-box), then look at the file."""
-    spare = q._r.spare
+    spare = q._writer._spare
     assert spare is not None
     spare._join()
     return (q.path / SPARE_SEGMENT).stat().st_size == q.segment_size

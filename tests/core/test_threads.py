@@ -57,7 +57,7 @@ def test_group_used_while_another_thread_polls(tmp_path: Path) -> None:
 def test_writer_used_while_another_thread_is_inside_sync(tmp_path: Path) -> None:
     with k7core.Queue(tmp_path / "q", fsync="async") as q:
         first = q.enqueue(b"before")
-        lock = q._r.flusher.lock  # the test holds the lock that sync() needs
+        lock = q._log.flush_slot().lock  # the test holds the lock that sync() needs
         inside = threading.Event()
         done = threading.Event()
 

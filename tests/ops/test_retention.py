@@ -89,11 +89,14 @@ def test_byte_limit_deletes_unconsumed_oldest_first_and_readers_get_data_loss(
         # a new group starts at the earliest offset, not at a deleted 0
         with q.consumer_group("late") as late:
             assert late.committed == bases[0] and late.poll(max_batch=1)[0].offset == bases[0]
-        q.retention_bytes = 0  # the limit can drop below one segment: only the current stays
-        assert q.enforce_retention() == bases[:-1]
-        assert seg_bases(tmp_path) == bases[-1:]
+    # the limit can drop below one segment: only the current one stays
+    with k7core.Queue(tmp_path, segment_size=SEG, fsync="flush", retention_bytes=0) as q:
+        assert seg_bases(tmp_path) == bases[-1:]  # applied at open
+        assert q.stats().retention_deleted_segments == len(bases) - 1
         off = q.enqueue(b"after")
         assert read_from(q, q.earliest())[-1] == (off, b"after")
+        fill(q, 36 * 2)
+        assert len(seg_bases(tmp_path)) == 1  # and at every roll
 
 
 def test_age_limit(tmp_path: Path) -> None:
@@ -159,8 +162,7 @@ def test_readonly_reader_behind_keeps_its_mapped_segment(tmp_path: Path, deleted
         before = seg_bases(tmp_path)
         with Child("lag-reader", str(tmp_path), "r") as child:
             assert child.line() == b"first 0"  # the reader has mapped segment 0
-            q.retention_bytes = (3 - deleted) * SEG
-            assert q.enforce_retention() == before[:deleted]
+            assert q.delete_before(before[deleted]) == before[:deleted]
             assert seg_bases(tmp_path) == before[deleted:]
             child.send("go")
             line = child.line().decode().split()
@@ -267,16 +269,20 @@ def test_remove_when_empty(tmp_path: Path) -> None:
 def test_a_failed_deletion_never_fails_a_write(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with k7core.Queue(tmp_path, segment_size=SEG, fsync="flush") as q:
+    with k7core.Queue(tmp_path, segment_size=SEG, fsync="flush", retention_age=3600) as q:
         fill(q, 36 * 3)
         first = tmp_path / "seg-00000000000000000000.k7"
         first.rename(tmp_path / "moved")
         first.mkdir()  # unlink() of a directory fails (EISDIR), even for root
-        q.retention_bytes = SEG
+        old = time.time() - 7200
+        os.utime(first, (old, old))  # the age limit applies to it
         with caplog.at_level(logging.WARNING, "k7core"):
             offs = fill(q, 36 * 2)  # rolls: retention runs, fails, the writes go on
         assert offs[-1] == (36 * 5 - 1) * FRAME
         assert "retention could not delete seg-00000000000000000000.k7" in caplog.text
         assert q.stats().retention_deleted_segments == 0 and first.is_dir()
         first.rmdir()
-        assert q.enforce_retention() == [36 * FRAME * k for k in range(1, 4)]  # not the current
+        sealed = [36 * FRAME * k for k in range(1, 4)]
+        for b in sealed:
+            os.utime(tmp_path / f"seg-{b:020d}.k7", (old, old))
+        assert q.enforce_retention() == sealed  # not the current

@@ -1,0 +1,347 @@
+"""The writer of a queue: appends frames to the last segment, rolls to the next one,
+prepares the spare segment, and watches the file it writes.
+
+The per-message fast path is C (``Appender`` over a ``k7_writer``); this module holds the
+slow paths the fast path returns to (a full segment, an error, a closed queue).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import errno
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ._errors import ClosedError, StorageError
+from ._format import SPARE_MIN_SIZE, SPARE_SEGMENT, Fsync, segment_name
+from ._kernel import BADOFFSETS, EIO, NOFIT, TOOLARGE, address, ffi, lib, owned
+from ._log import LogView
+from ._native._fast import CLOSED, Appender
+from ._options import QueueOptions
+from ._recovery import Tail, discard_stray, msync_range
+from ._storage import (
+    SpareSegment,
+    create_segment,
+    frame_at,
+    fsync_file,
+    list_segments,
+    map_file,
+    open_fd,
+)
+
+log = logging.getLogger("k7core")
+
+_from_buffer = ffi.from_buffer
+
+
+class SegmentWriter:
+    """Appends to the log of ``log.path`` from the recovered ``tail``; ``on_roll`` runs after
+    every roll (retention). ``fa`` is the C fast path; ``c`` the ``k7_writer`` (counters)."""
+
+    def __init__(
+        self, log_view: LogView, options: QueueOptions, tail: Tail, on_roll: Callable[[], Any]
+    ) -> None:
+        self._log = log_view
+        self._opts = options
+        self._path = log_view.path
+        self._on_roll = on_roll
+        self._closed = False
+        self._spare: SpareSegment | None = None
+        self._seg_id: tuple[int, int] | None = None  # (device, inode) of the segment written
+        self._seg_lost: StorageError | None = None  # that file was deleted or replaced
+        m = self._seg_map = tail.segment
+        self._note_segment(tail.base)
+        m.prefetch()
+        w = self.c = ffi.new("k7_writer *")
+        w.seg, w.cap, w.base = m.ptr, m.size, tail.base
+        w.pos = w.written = w.synced = tail.end
+        w.pub = log_view.pub
+        w.mode = options.fsync.code
+        w.max_frame = options.segment_size
+        self.fa = Appender(address(w))
+        seg = self._path / segment_name(tail.base)
+        if options.durable and tail.end and msync_range(m, 0, tail.end):
+            raise StorageError(f"msync of {seg} failed at open", path=seg)
+        # Frames recovered after a crash are made durable before readers may see them.
+        lib.k7_publish(log_view.pub, tail.base + tail.end)
+        if options.fsync is Fsync.ASYNC:
+            slot = log_view.flush_slot()
+            w.bell = slot.bell
+            slot.set_writer(w)
+            log_view.set_written(self._written)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path / SPARE_SEGMENT)  # one left by a crash
+        self._prepare_spare(prefault=False)
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def base(self) -> int:
+        """Base offset of the segment being written."""
+        return int(self.c.base)
+
+    def end(self) -> int:
+        """The offset after the last frame written (visible or not yet)."""
+        return int(self.c.base + self.c.pos)
+
+    def _written(self) -> int:
+        with self._lock():  # a roll moves base and pos together under it
+            return int(self.c.base + self.c.pos)
+
+    def _lock(self) -> Any:
+        return self._log.flush_slot().lock if self._log.has_flush_slot else _NO_LOCK
+
+    # ------------------------------------------------------------------ slow paths
+
+    def enqueue_slow(self, data: Any, rc: int) -> int:
+        """``enqueue`` after the fast path returned ``rc`` < 0."""
+        with owned(self.fa):
+            for _ in range(2):
+                if rc == CLOSED:
+                    self._raise_closed()
+                elif rc == EIO:
+                    self.raise_eio()
+                elif rc == TOOLARGE:
+                    self._check_size(memoryview(data).nbytes)
+                elif rc == NOFIT:
+                    self._check_size(memoryview(data).nbytes)
+                    self.roll()
+                else:
+                    return rc
+                rc = self.fa.append(data)
+            if rc < 0:
+                self.raise_eio() if rc == EIO else self._check_size(memoryview(data).nbytes)
+            return rc
+
+    def enqueue_many_slow(
+        self, items: list[Any] | tuple[Any, ...], out: list[int] | int
+    ) -> list[int]:
+        """``enqueue_many`` after the fast path returned ``out`` (a short list or a code)."""
+        with owned(self.fa):
+            offsets: list[int] = []
+            while True:
+                if isinstance(out, list):
+                    offsets += out
+                    if len(offsets) == len(items):
+                        return offsets
+                elif out == CLOSED:
+                    self._raise_closed()
+                elif out == EIO:
+                    self.raise_eio()
+                elif out == TOOLARGE:
+                    self._check_size(max(memoryview(x).nbytes for x in items[len(offsets):]))
+                elif out in (0, NOFIT):
+                    self._check_size(memoryview(items[len(offsets)]).nbytes)
+                    self.roll()
+                else:
+                    raise AssertionError(f"unexpected append_many result {out}")
+                out = self.fa.append_many(items, len(offsets))
+
+    def append_columnar(self, data: Any, offsets: memoryview, n: int) -> array.array[int]:
+        """``enqueue_columnar``: ``n`` messages of ``data`` cut at ``offsets``."""
+        with owned(self.fa):
+            if self._closed:
+                self._raise_closed()
+            out = array.array("q", bytes(8 * n))
+            if n == 0:
+                return out
+            dbuf = _from_buffer(data)
+            wide = offsets.itemsize == 8
+            obuf = ffi.cast("int64_t *" if wide else "int32_t *", _from_buffer(offsets))
+            fn = lib.k7_append_columnar if wide else lib.k7_append_columnar32
+            optr = ffi.cast("int64_t *", _from_buffer(out))
+            done = 0
+            while done < n:
+                rc = fn(self.c, dbuf, len(dbuf), obuf + done, n - done, optr + done)
+                if rc > 0:
+                    done += rc
+                    continue
+                if rc == BADOFFSETS:
+                    raise ValueError("offsets must be non-decreasing and within the data buffer")
+                if rc == TOOLARGE:
+                    self._check_size(max(offsets[i + 1] - offsets[i] for i in range(done, n)))
+                if rc == EIO:
+                    self.raise_eio()
+                self._check_size(offsets[done + 1] - offsets[done])
+                self.roll()
+            return out
+
+    def _check_size(self, n: int) -> None:
+        self._opts.check_message_size(n, self._path)
+
+    def _raise_closed(self) -> None:
+        raise ClosedError(f"queue {self._path} is closed", path=self._path)
+
+    def raise_eio(self) -> None:
+        """Raise the ``StorageError`` of the failed msync the kernel reported."""
+        if self._seg_lost is not None:
+            raise self._seg_lost
+        w = self.c
+        err = int(w.err)
+        if self._opts.fsync is Fsync.SYNC:
+            w.err = 0  # the failed frames were rolled back; later writes may succeed
+        raise StorageError(
+            f"msync of {self._path} failed: {os.strerror(err) if err else 'I/O error'}",
+            errno_=err, path=self._path,
+            hint="the affected messages are not durable; check the disk, then reopen the queue",
+        )
+
+    # ------------------------------------------------------------------ sync and roll
+
+    def sync(self) -> None:
+        """msync and publish everything written (any strategy); check the segment file."""
+        with owned(self.fa):
+            if self._closed:
+                self._raise_closed()
+            with self._lock():
+                if lib.k7_writer_sync(self.c):
+                    self.raise_eio()
+            self.check_segment()
+
+    def roll(self) -> None:
+        """Seal the current segment where the next frame did not fit and start the next one."""
+        w = self.c
+        new_base = int(w.base + w.pos)
+        durable = self._opts.durable
+        self.check_segment()
+        if durable:
+            with self._lock():
+                if lib.k7_writer_sync(w):
+                    self.raise_eio()
+        self._remove_strays(int(w.base))
+        dest = self._path / segment_name(new_base)
+        spare, self._spare = self._spare, None
+        m = spare.take(dest) if spare is not None else None
+        if m is None:
+            # on failure (a full disk) no file is left: the writer goes on in this segment
+            create_segment(self._path, new_base, self._opts.segment_size, durable=durable,
+                           mode=self._opts.file_mode)
+            try:
+                m = map_file(dest, writable=True)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(dest)
+                raise
+            assert m is not None
+            m.prefetch()
+        self._prepare_spare()
+        with self._lock():
+            w.seg, w.cap, w.base = m.ptr, m.size, new_base
+            w.pos = w.written = w.synced = 0
+            old, self._seg_map = self._seg_map, m
+        old.close()
+        self._log.set_segment_bases([*self._log.segment_bases(), new_base])
+        self._note_segment(new_base)
+        self._on_roll()
+
+    def _prepare_spare(self, *, prefault: bool = True) -> None:
+        """Start preparing the next segment. Pre-faulting dirties its pages (the kernel may
+        write those zeros back before the data), so only a writer that has filled a segment
+        since it opened, and so will likely fill the next one, gets it."""
+        if self._opts.segment_size >= SPARE_MIN_SIZE:
+            self._spare = SpareSegment(
+                self._path / SPARE_SEGMENT, self._opts.segment_size,
+                durable=self._opts.durable, prefault=prefault, mode=self._opts.file_mode,
+            )
+
+    def _remove_strays(self, current: int) -> None:
+        """Delete segment files above the one being written, before a roll: only a roll
+        that failed half-way (and could not clean up) leaves one, never with a frame."""
+        for base in list_segments(self._path):
+            if base <= current:
+                continue
+            seg = self._path / segment_name(base)
+            if frame_at(seg, 0):
+                raise StorageError(
+                    f"{segment_name(base)} lies beyond the segment this writer is writing "
+                    f"({segment_name(current)}) and holds frames", path=seg, offset=base,
+                    hint="another program wrote into the queue directory; move that file "
+                    "away, then roll again",
+                )
+            side = discard_stray(self._path, base)
+            log.warning("k7core: removed %s, left by a failed roll%s", segment_name(base),
+                        f" (kept as {side})" if side else "")
+
+    # ------------------------------------------------------------------ the segment file
+
+    def _note_segment(self, base: int) -> None:
+        st = os.stat(self._path / segment_name(base), follow_symlinks=False)
+        self._seg_id = (st.st_dev, st.st_ino)
+
+    def check_segment(self) -> None:
+        """Raise (and from then on refuse writes) if the file of the segment being written
+        was deleted, replaced or shrunk underneath the queue: what was written into it since
+        would be gone with the mapping. Its frames are saved to a side file first. One stat:
+        run at every roll, ``sync()`` and ``close()``, not per message."""
+        if self._seg_lost is not None:
+            raise self._seg_lost
+        w, m = self.c, self._seg_map
+        if m.closed:
+            return
+        base, written = int(w.base), int(w.pos)
+        seg = self._path / segment_name(base)
+        try:
+            st = os.stat(seg, follow_symlinks=False)
+            if (st.st_dev, st.st_ino) == self._seg_id and st.st_size >= m.size:
+                return
+        except FileNotFoundError:
+            pass
+        w.err = errno.ESTALE  # the kernel refuses every later append
+        side = self._path / f"k7py-orphaned-{segment_name(base)}"
+        try:  # a segment image: renamed back, it restores the frames
+            fd = open_fd(side, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._opts.file_mode)
+            try:
+                os.write(fd, m.read(0, written))
+                os.ftruncate(fd, m.size)
+                fsync_file(fd, side)
+            finally:
+                os.close(fd)
+            hint = (f"they were saved to {side.name}; close the queue, then rename that file "
+                    f"to {segment_name(base)} to restore them")
+        except OSError as exc:
+            hint = f"saving them to {side.name} failed too: {exc}"
+        self._seg_lost = StorageError(
+            f"segment file {seg} was deleted, replaced or truncated while this queue was "
+            "writing it: "
+            f"the messages from offset {base} to {base + written} are not in the directory",
+            errno_=errno.ESTALE, path=seg, offset=base, hint=hint,
+        )
+        log.error("k7core: %s", self._seg_lost)
+        raise self._seg_lost
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> int:
+        """Detach the fast path and make everything written durable; the first msync errno
+        met (by this final sync or earlier), 0 if none. The caller holds ``fa``. Releases
+        the spare; the segment stays mapped until :meth:`release`."""
+        if self._closed:
+            return 0
+        self._closed = True
+        self.fa.detach()
+        with self._lock():
+            # an earlier failure stays reported: pages whose writeback failed may be
+            # gone even if this msync succeeds
+            return int(lib.k7_writer_sync(self.c)) or int(self.c.err)
+
+    def release(self) -> None:
+        """Unmap the segment and drop the spare. Idempotent; also run by the finalizer."""
+        if self._spare is not None:
+            self._spare.discard()
+            self._spare = None
+        self._seg_map.close()
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
+

@@ -35,7 +35,8 @@ _PENDING, _VALUE, _ERROR = 0, 1, 2
 
 class _Round:
     """The commands one event loop handed over while the thread was busy: answered together,
-    with one callback into that loop and one event, once the last of them is done."""
+    with one callback into that loop and one event (a command parked by the batch hook is
+    answered later, with a new event)."""
 
     __slots__ = ("event", "outstanding", "token")
 
@@ -104,7 +105,7 @@ class Command(Generic[R, T]):
             raise ValueError("this command was submitted without an answer")
         with anyio.CancelScope(shield=shield):
             while not self.done:
-                await rnd.event.wait()
+                await rnd.event.wait()  # set once a command of the round is done
 
 
 class Call(Command[R, T]):
@@ -123,7 +124,7 @@ class Call(Command[R, T]):
 BatchHook = Callable[[R, list[Command[R, Any]]], list[Command[R, Any]]]
 """Runs a batch of commands (in the order they were submitted) on the owner thread, setting
 their outcomes. Returns the commands it *parks*: not done yet, handed to it again with the
-next batch (the owner thread then does not sleep while any is parked)."""
+next batch (the owner thread does not sleep while any is parked)."""
 
 
 def run_each(resource: R, commands: list[Command[R, Any]]) -> list[Command[R, Any]]:
@@ -133,8 +134,12 @@ def run_each(resource: R, commands: list[Command[R, Any]]) -> list[Command[R, An
     return []
 
 
-def _set_all(events: list[anyio.Event]) -> None:
-    for event in events:
+def _wake(rounds: list[tuple[_Round, bool]]) -> None:
+    """In a round's loop: wake its waiters; renew its event if some of it is still due."""
+    for rnd, renew in rounds:
+        event = rnd.event
+        if renew:
+            rnd.event = anyio.Event()
         event.set()
 
 
@@ -323,10 +328,10 @@ class Owner(Generic[R]):
             return []
 
     def _answer(self, commands: list[Command[R, Any]], parked: list[Command[R, Any]]) -> None:
-        """Mark the commands done (but the parked ones) and wake each loop whose round is
-        complete: one callback per loop."""
+        """Mark the commands done (but the parked ones) and wake the loops whose rounds had
+        a command done: one callback per loop."""
         kept = {id(c) for c in parked}
-        wake: dict[EventLoopToken, list[anyio.Event]] = {}
+        touched: dict[_Round, None] = {}
         for command in commands:
             if kept and id(command) in kept:
                 continue
@@ -334,10 +339,13 @@ class Owner(Generic[R]):
             rnd = command._round
             if rnd is not None:
                 rnd.outstanding -= 1
-                if not rnd.outstanding:
-                    wake.setdefault(rnd.token, []).append(rnd.event)
-        for token, events in wake.items():
-            post(token, _set_all, events)
+                touched[rnd] = None
+        wake: dict[EventLoopToken, list[tuple[_Round, bool]]] = {}
+        for rnd in touched:
+            # a round with parked commands left gets a new event for them
+            wake.setdefault(rnd.token, []).append((rnd, rnd.outstanding > 0))
+        for token, rounds in wake.items():
+            post(token, _wake, rounds)
 
     def _fail(self, exc: BaseException) -> None:
         """``open`` failed: every command, now and later, fails with its error."""

@@ -152,25 +152,29 @@ class _Pump:
         receive = self.receive
         inflight: tuple[Append, list[Payload]] | None = None
         while True:
-            if inflight is not None:
-                await self._settle(*inflight)
-                inflight = None
             batch: list[Payload] = []
             over = _drain_nowait(receive, batch)
-            if not batch and not over:  # nothing at hand: wait for a sender
+            if not batch and not over:  # nothing at hand
+                if inflight is not None:
+                    await self._settle(*inflight)
+                    inflight = None
+                    continue
                 try:
-                    first = await receive.receive()
+                    first = await receive.receive()  # wait for a sender
                 except anyio.EndOfStream:
                     return
                 if isinstance(first, _Stop):
                     over = _drain_nowait(receive, batch) or True
                 else:
                     batch.append(first)
-                    with anyio.CancelScope(shield=True):
-                        over = await _gather(receive, batch, self.target)
+            if batch and not over:
+                over = await _gather(receive, batch, self.target)
             if over:
                 # No checkpoint since the last receive_nowait: nothing can slip in between.
                 receive.close()
+            if inflight is not None:
+                await self._settle(*inflight)
+                inflight = None
             if batch:
                 inflight = (self.writer.submit(batch), batch)
             if over:

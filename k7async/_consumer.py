@@ -137,6 +137,7 @@ class MessageStream(ObjectReceiveStream[Message]):
         self._error: BaseException | None = None
         self._error_seen = False
         self._closed = False
+        self._stopped: anyio.Event | None = None  # set once aclose() has finished
         self._pace = Pace()
         self._ask()
 
@@ -242,13 +243,19 @@ class MessageStream(ObjectReceiveStream[Message]):
         handed back first (``seek`` to the first of them), so the group's next owner gets
         them.
         """
-        first_close = not self._closed
+        if self._stopped is not None:  # closed, or closing in another task: wait for it
+            with anyio.CancelScope(shield=True):
+                await self._stopped.wait()
+            return
+        self._stopped = anyio.Event()
         self._closed = True
         try:
-            if first_close:
+            try:
                 await self._hand_back()
+            finally:
+                await self._owner.aclose()  # applies the posted acks, closes the group, joins
         finally:
-            await self._owner.aclose()  # applies the posted acks, closes the group, joins
+            self._stopped.set()
 
     async def _hand_back(self) -> None:
         poll, self._poll = self._poll, None

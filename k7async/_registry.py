@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
@@ -19,21 +18,15 @@ class QueueRegistry:
 
     Every k7async object writing to one :class:`k7core.Queue` (producer channels, sinks,
     AsyncQueues, from any event loops and threads) shares one writer: the first one to use
-    the queue starts it, the last one to leave stops and joins it. Entries are weakly keyed:
-    the registry never keeps a queue alive. k7async keeps one registry for the process
+    the queue starts it, the last one to leave stops and joins it: an entry lives exactly as
+    long as some k7async object uses its queue. k7async keeps one registry for the process
     (:data:`QUEUES`): a queue object exists once in a process, so do its services.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._writers: weakref.WeakKeyDictionary[k7core.Queue, tuple[QueueWriter, int]] = (
-            weakref.WeakKeyDictionary()
-        )
-        # the latest writer of each queue, while it lives (its thread keeps it alive)
-        self._last: weakref.WeakKeyDictionary[k7core.Queue, weakref.ref[QueueWriter]] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._sinks: weakref.WeakSet[k7core.Queue] = weakref.WeakSet()
+        self._writers: dict[k7core.Queue, tuple[QueueWriter, int]] = {}  # writer, users
+        self._sinks: set[k7core.Queue] = set()
 
     def writer(self, queue: k7core.Queue) -> QueueWriter | None:
         """The writer serving ``queue`` now, or None when no k7async object uses it."""
@@ -46,7 +39,8 @@ class QueueRegistry:
         """Use the queue's writer (starting it if it has none) for the block's duration.
 
         Leaving the last block stops the writer once what it was handed is written, and
-        joins its thread. A writer started meanwhile writes only after that thread exited.
+        joins its thread. Each user waits for its own writes before it leaves, so a writer
+        started meanwhile never writes while the old one still does.
         """
         writer = self._acquire(queue)
         try:
@@ -59,10 +53,7 @@ class QueueRegistry:
         with self._lock:
             entry = self._writers.get(queue)
             if entry is None:
-                last = self._last.get(queue)
-                writer = QueueWriter(queue, after=last() if last is not None else None)
-                self._last[queue] = weakref.ref(writer)
-                entry = (writer, 0)
+                entry = (QueueWriter(queue), 0)
             self._writers[queue] = (entry[0], entry[1] + 1)
             return entry[0]
 
@@ -95,7 +86,7 @@ class QueueRegistry:
 
 
 QUEUES = QueueRegistry()
-"""The process's registry (lives as long as the interpreter; its entries as their users)."""
+"""The process's registry (lives as long as the interpreter; each entry as its users)."""
 
 
 def queue_writer(queue: QueueSource) -> QueueWriter | None:

@@ -70,20 +70,12 @@ class QueueWriter:
     ``messages`` what they appended.
     """
 
-    def __init__(self, queue: k7core.Queue, after: QueueWriter | None = None) -> None:
-        """``after``: the queue's previous writer, maybe still finishing; this one starts
-        writing once that one's thread has exited (one writer thread per queue at a time)."""
+    def __init__(self, queue: k7core.Queue) -> None:
         self._queue = queue
         self._batches = 0
         self._messages = 0
-
-        def open() -> k7core.Queue:
-            if after is not None:
-                after._owner.join()
-            return queue
-
         self._owner: Owner[k7core.Queue] = Owner(
-            open, name=f"k7async-writer-{queue.path.name}", batch=self._write
+            lambda: queue, name=f"k7async-writer-{queue.path.name}", batch=self._write
         )
 
     @property

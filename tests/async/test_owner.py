@@ -272,20 +272,29 @@ async def test_a_hook_parks_a_command_until_it_can_be_done() -> None:
                 seen.append(command.n if isinstance(command, Job) else -1)
         return parked
 
-    owner: Owner[Resource] = Owner(Resource, name="k7async-test-owner", batch=hook)
+    resource = Resource()
+    owner: Owner[Resource] = Owner(lambda: resource, name="k7async-test-owner", batch=hook)
     try:
+        resource.hold()
+        owner.submit(Job(0), answer=False)
+        await anyio.to_thread.run_sync(resource.held.wait)
         wait = owner.submit(Wait())
-        assert (await owner.call(Job(1)))[0] == 1  # served while Wait is parked
+        one = owner.submit(Job(1))  # in the same round as Wait: answered without it
+        resource.gate.set()
+        with anyio.fail_after(10):
+            await one.wait()
+        assert one.result()[0] == 1
         assert not wait.done
         owner.submit(Job(7), answer=False)
-        await wait.wait()
+        with anyio.fail_after(10):
+            await wait.wait()
         assert wait.result() == "go"
         with pytest.raises(RuntimeError, match="hook failed"):
             await owner.call(Job(8))
         assert (await owner.call(Call(lambda r: r.ran[7])))
     finally:
         await owner.aclose()
-    assert seen[:2] == [1, 7]
+    assert seen[:3] == [0, 1, 7]
 
 
 def test_close_from_sync_code_joins() -> None:

@@ -284,7 +284,7 @@ def _partitions_case(n: int, queues: int = 64) -> Case:
             def run() -> Samples:
                 threads = sum(t.name.startswith("k7-flusher") for t in threading.enumerate())
                 return {name: ("msg/s", rate(len(enqueues), body)),
-                        f"{name}: flusher threads": ("threads", threads)}
+                        f"{name} flusher threads": ("threads", threads)}
 
             yield run
         finally:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from k7core import K7Error
+from k7core import K7Error, LockedError
 
 
-class SinkBusyError(K7Error):
+class SinkBusyError(LockedError):
     """A second :func:`k7async.sink` was started on a queue that already has one running."""
 
 

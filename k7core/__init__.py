@@ -15,8 +15,10 @@ from ._errors import CorruptFrameError as CorruptFrameError
 from ._errors import CursorError as CursorError
 from ._errors import DataLossError as DataLossError
 from ._errors import GroupBusyError as GroupBusyError
+from ._errors import IntegrityError as IntegrityError
 from ._errors import InvalidNameError as InvalidNameError
 from ._errors import K7Error as K7Error
+from ._errors import LockedError as LockedError
 from ._errors import MessageTooLargeError as MessageTooLargeError
 from ._errors import NotAQueueError as NotAQueueError
 from ._errors import QueueLockedError as QueueLockedError
@@ -28,6 +30,7 @@ from ._group import ConsumerGroup as ConsumerGroup
 from ._group import Message as Message
 from ._kernel import crc32c as crc32c
 from ._kernel import hardware_crc as hardware_crc
+from ._options import QueueOptions as QueueOptions
 from ._queue import Queue as Queue
 from ._stats import LAG_COUNT_LIMIT as LAG_COUNT_LIMIT
 from ._stats import GroupInfo as GroupInfo
@@ -53,13 +56,16 @@ __all__ = [
     "GroupBusyError",
     "GroupInfo",
     "GroupStats",
+    "IntegrityError",
     "InvalidNameError",
     "K7Error",
+    "LockedError",
     "Message",
     "MessageTooLargeError",
     "NotAQueueError",
     "Queue",
     "QueueLockedError",
+    "QueueOptions",
     "QueueStats",
     "ReadOnlyError",
     "RecoveryEvent",
@@ -70,3 +76,10 @@ __all__ = [
     "frame_size",
     "hardware_crc",
 ]
+
+# Public objects report this package as their module, as anyio's do: tracebacks, reprs and
+# help() name what users import (k7core.QueueLockedError), not the private module behind it.
+for _value in [globals()[name] for name in __all__]:
+    if getattr(_value, "__module__", "").startswith(__name__ + "."):
+        _value.__module__ = __name__
+del _value

@@ -29,11 +29,23 @@ class K7Error(Exception):
         super().__init__(text)
 
 
-class QueueLockedError(K7Error):
+class LockedError(K7Error):
+    """Another owner (this process or another) holds a lock this call needs: the queue's
+    writer lock (:class:`QueueLockedError`), a consumer group's (:class:`GroupBusyError`),
+    a queue's sink (``k7async.SinkBusyError``). Retry later, or close the other owner."""
+
+
+class IntegrityError(K7Error):
+    """What the queue directory holds cannot be read as asked: a corrupt frame
+    (:class:`CorruptFrameError`), a cursor no reader can start at (:class:`CursorError`),
+    offsets deleted before they were read (:class:`DataLossError`). ``offset`` says where."""
+
+
+class QueueLockedError(LockedError):
     """Another writer (this process or another) holds the queue's writer lock."""
 
 
-class GroupBusyError(K7Error):
+class GroupBusyError(LockedError):
     """Another owner (this process or another) holds the consumer group's lock."""
 
 
@@ -50,14 +62,14 @@ class ReadOnlyError(K7Error):
     """A write was attempted on a queue opened with ``readonly=True``."""
 
 
-class CorruptFrameError(K7Error):
+class CorruptFrameError(IntegrityError):
     """A frame failed validation (magic, flags, length or CRC32C) below the visible end.
 
     ``offset`` is the global offset of the bad frame; ``seek`` past it to continue.
     """
 
 
-class DataLossError(K7Error):
+class DataLossError(IntegrityError):
     """The offset to read was deleted by retention (it lies before the earliest segment).
 
     ``offset`` is the position that was asked for; ``earliest`` the first offset still in
@@ -78,7 +90,7 @@ class DataLossError(K7Error):
         self.earliest = earliest
 
 
-class CursorError(K7Error, ValueError):
+class CursorError(IntegrityError, ValueError):
     """An offset a consumer group cannot read from: negative, beyond the end of the log,
     inside a frame, or past damage where no valid frame starts. Raised by ``seek`` for such
     an offset; and by ``poll`` when the group's stored cursor is one (a damaged or foreign
@@ -137,7 +149,6 @@ class StorageError(K7Error, OSError):
         # OSError's own str() would show only "[Errno N] strerror: 'path'": keep the
         # message and the hint.
         return str(self.args[0]) if self.args else super().__str__()
-
 
 
 class MissingExtraError(ModuleNotFoundError):

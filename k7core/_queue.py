@@ -64,8 +64,6 @@ from ._storage import (
 )
 from ._writer import SegmentWriter
 
-__all__ = ["ColumnarBatch", "Queue", "QueueOptions"]
-
 log = logging.getLogger("k7core")
 
 def _lock_with_retry(fd: int) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ._errors import MissingExtraError
+from ._errors import MissingExtraError as _MissingExtraError
 
 try:
     from prometheus_client.core import (
@@ -27,7 +27,7 @@ try:
     )
     from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 except ImportError as exc:
-    raise MissingExtraError("k7core.metrics", "metrics", exc) from exc
+    raise _MissingExtraError("k7core.metrics", "metrics", exc) from exc
 
 from ._group import ConsumerGroup
 from ._queue import Queue

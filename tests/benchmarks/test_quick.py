@@ -14,7 +14,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"name", "unit", "value", "min", "max", "params"}
-UNITS = {"msg/s", "us", "MB/s", "MB", "GB", "cpu/wall", "msg/msync"}
+UNITS = {"msg/s", "us", "MB/s", "MB", "GB", "cpu/wall", "msg/msync", "threads"}
 
 
 def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -9,9 +9,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from _queuehelp import read_all
 
 import k7core
-from _queuehelp import read_all
 
 
 def flusher_threads() -> list[threading.Thread]:

@@ -11,8 +11,7 @@ from pyspark.sql.types import StructType
 
 import k7core
 from k7core._format import encode_cursor
-from k7core.spark import K7BatchReader
-from k7core.spark._stream import K7StreamReader
+from k7core.spark import K7BatchReader, K7StreamReader
 
 
 def _queue_with_group(path: Path) -> list[int]:

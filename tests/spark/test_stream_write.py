@@ -17,8 +17,7 @@ from _stream_child import StreamChild, start
 from pyspark.sql.types import BinaryType, StructField, StructType
 
 import k7core
-from k7core.spark import STAGING_DIR, K7StagedRows
-from k7core.spark._stream import SINK_PREFIX, K7StreamWriter
+from k7core.spark import SINK_PREFIX, STAGING_DIR, K7StagedRows, K7StreamWriter
 
 pytestmark = pytest.mark.spark
 

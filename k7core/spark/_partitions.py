@@ -1,0 +1,116 @@
+"""Offset ranges: where a queue's readable log starts and ends, the partitions a range is
+planned into, and a partition's frames read as Arrow record batches."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+
+from .. import ColumnarBatch, Queue
+from .._storage import list_segments
+from ._arrow import arrow_schema, record_batch
+from ._errors import K7DataLossError
+
+BATCH_MESSAGES = 65536
+"""Frames read per kernel call (and per Arrow record batch)."""
+
+
+@dataclass(frozen=True)
+class K7Partition(InputPartition):
+    """Frames in ``[start, end)`` of the queue at ``path`` (both frame boundaries)."""
+
+    path: str
+    start: int
+    end: int
+
+
+def bounds(path: Path) -> tuple[int, int]:
+    """(earliest readable offset, visible end) of the queue at ``path``."""
+    bases = list_segments(path)
+    with Queue(path, readonly=True) as q:
+        end = q.end
+    return (bases[0] if bases else 0), end
+
+
+def plan(
+    path: str, start: int, end: int, bases: list[int], min_partitions: int
+) -> list[K7Partition]:
+    """Offset-range partitions of ``[start, end)``: one per segment (``bases``: the segments'
+    base offsets), or cut by size when that gives fewer than ``min_partitions``.
+    Deterministic for a given range and segment list."""
+    cuts = [start, *(b for b in bases if start < b < end), end]
+    if len(cuts) - 1 < min_partitions:
+        cuts = split_by_size(path, start, end, min_partitions)
+    return [K7Partition(path, a, b) for a, b in itertools.pairwise(cuts)]
+
+
+def split_by_size(path: str, start: int, end: int, parts: int) -> list[int]:
+    """Cut [start, end) at frame boundaries into about ``parts`` equal byte ranges (one scan
+    of the range: frames can only be found from a known boundary)."""
+    step = max(1, (end - start) // parts)
+    cuts, target = [start], start + step
+    with Queue(path, readonly=True) as q:
+        pos = start
+        while pos < end:
+            batch = q.read_columnar(pos, BATCH_MESSAGES)
+            if not len(batch):
+                break
+            offs = batch.offsets
+            while target < end and target <= offs[-1]:
+                i = bisect.bisect_left(offs, target)
+                if offs[i] > cuts[-1]:
+                    cuts.append(offs[i])
+                target = cuts[-1] + step
+            pos = batch.next
+    cuts.append(end)
+    return cuts
+
+
+def read_partition(
+    partition: K7Partition, include_value: bool, *, skip_lost: bool
+) -> Iterator[pa.RecordBatch]:
+    """The frames of ``partition`` as Arrow record batches (batch and streaming reads).
+
+    A range that is no longer readable raises :class:`K7DataLossError`; with ``skip_lost``
+    the part below the earliest segment is skipped instead."""
+    schema = arrow_schema(include_value)
+    path = Path(partition.path)
+    pos = partition.start
+    if pos >= partition.end:
+        return
+    bases = list_segments(path)
+    earliest = bases[0] if bases else 0
+    if pos < earliest:
+        if not skip_lost:
+            raise K7DataLossError(
+                f"{path}: offsets {pos}..{min(earliest, partition.end)} were deleted before "
+                f"they were read (the earliest segment starts at {earliest})",
+                path=path, offset=pos, earliest=earliest,
+                hint="a segment was deleted after this range was planned; a streaming query "
+                "can set failOnDataLoss=false to skip what is gone",
+            )
+        pos = earliest
+    with Queue(path, readonly=True) as q:
+        while pos < partition.end:
+            batch = q.read_columnar(pos, BATCH_MESSAGES)
+            n = len(batch)
+            if not n:
+                raise K7DataLossError(
+                    f"{path}: nothing readable at offset {pos}, below the planned end "
+                    f"{partition.end}", path=path, offset=pos, earliest=earliest,
+                    hint="was the queue rewritten or a segment deleted?",
+                )
+            k = bisect.bisect_left(batch.offsets, partition.end)
+            if k < n:
+                batch = ColumnarBatch(
+                    batch.offsets[:k], batch.starts[:k], batch.lengths[:k], batch.view,
+                    batch.offsets[k],
+                )
+            yield record_batch(batch, schema, include_value)
+            pos = batch.next

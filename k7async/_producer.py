@@ -16,7 +16,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from ._bridge import Pace
 from ._registry import QUEUES
 from ._types import Payload, QueueSource, core_queue
-from ._writer import MAX_BATCH_MESSAGES, Append, QueueWriter
+from ._writer import MAX_BATCH_MESSAGES, Append, Writer
 
 T_contra = TypeVar("T_contra", contravariant=True)
 
@@ -82,7 +82,7 @@ async def sink(queue: QueueSource, receive_stream: ObjectReceiveStream[Payload])
             return await _sink(writer, receive_stream)
 
 
-async def _sink(writer: QueueWriter, stream: ObjectReceiveStream[Payload]) -> int:
+async def _sink(writer: Writer, stream: ObjectReceiveStream[Payload]) -> int:
     memory = stream if isinstance(stream, MemoryObjectReceiveStream) else None
     target = 1
     if memory is not None:
@@ -128,7 +128,7 @@ class _Pump:
     """
 
     def __init__(
-        self, writer: QueueWriter, receive: MemoryObjectReceiveStream[Payload | _Stop], target: int
+        self, writer: Writer, receive: MemoryObjectReceiveStream[Payload | _Stop], target: int
     ) -> None:
         self.target = target
         self.writer = writer

@@ -18,7 +18,7 @@ from ._consumer import MessageStream, consumer_group_channel
 from ._producer import producer_channel
 from ._registry import QUEUES
 from ._types import Payload
-from ._writer import QueueWriter, as_batch
+from ._writer import QueueWriter, Writer, as_batch
 
 
 class AsyncQueue:
@@ -30,7 +30,7 @@ class AsyncQueue:
     commit). Obtained from :func:`open_queue`.
     """
 
-    def __init__(self, queue: k7core.Queue, writer: QueueWriter) -> None:
+    def __init__(self, queue: k7core.Queue, writer: Writer) -> None:
         self._queue = queue
         self._writer = writer
         self._closed = False
@@ -43,7 +43,7 @@ class AsyncQueue:
     @property
     def writer(self) -> QueueWriter:
         """The writer thread serving this queue (``batches`` / ``messages`` counters)."""
-        return self._writer
+        return self._writer.face
 
     @property
     def path(self) -> Path:

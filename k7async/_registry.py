@@ -10,7 +10,7 @@ import k7core
 
 from ._errors import SinkBusyError
 from ._types import QueueSource, core_queue
-from ._writer import QueueWriter
+from ._writer import QueueWriter, Writer
 
 
 class QueueRegistry:
@@ -25,17 +25,17 @@ class QueueRegistry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._writers: dict[k7core.Queue, tuple[QueueWriter, int]] = {}  # writer, users
+        self._writers: dict[k7core.Queue, tuple[Writer, int]] = {}  # writer, users
         self._sinks: set[k7core.Queue] = set()
 
     def writer(self, queue: k7core.Queue) -> QueueWriter | None:
         """The writer serving ``queue`` now, or None when no k7async object uses it."""
         with self._lock:
             entry = self._writers.get(queue)
-        return entry[0] if entry else None
+        return entry[0].face if entry else None
 
     @asynccontextmanager
-    async def writing(self, queue: k7core.Queue) -> AsyncIterator[QueueWriter]:
+    async def writing(self, queue: k7core.Queue) -> AsyncIterator[Writer]:
         """Use the queue's writer (starting it if it has none) for the block's duration.
 
         Leaving the last block stops the writer once what it was handed is written, and
@@ -49,15 +49,15 @@ class QueueRegistry:
             if self._release(writer):
                 await writer.aclose()
 
-    def _acquire(self, queue: k7core.Queue) -> QueueWriter:
+    def _acquire(self, queue: k7core.Queue) -> Writer:
         with self._lock:
             entry = self._writers.get(queue)
             if entry is None:
-                entry = (QueueWriter(queue), 0)
+                entry = (Writer(queue), 0)
             self._writers[queue] = (entry[0], entry[1] + 1)
             return entry[0]
 
-    def _release(self, writer: QueueWriter) -> bool:
+    def _release(self, writer: Writer) -> bool:
         """Drop a reference; True if it was the last one (the caller closes the writer)."""
         with self._lock:
             _, refs = self._writers[writer.queue]

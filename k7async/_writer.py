@@ -62,13 +62,49 @@ def as_batch(items: Iterable[Payload]) -> list[Payload]:
 
 
 class QueueWriter:
-    """The writer thread of one :class:`k7core.Queue` (thread ``k7async-writer-<dir>``).
+    """The writer thread of one :class:`k7core.Queue` (thread ``k7async-writer-<dir>``), as
+    users see it: which queue, its counters, whether it runs.
 
     Obtained through :func:`k7async.queue_writer` or :attr:`k7async.AsyncQueue.writer`; it
     runs while any k7async object (producer channel, sink, AsyncQueue) uses the queue.
     ``batches`` counts the appending calls it made (with ``fsync="sync"``: msyncs),
     ``messages`` what they appended.
     """
+
+    def __init__(self, writer: Writer) -> None:
+        self._writer = writer
+
+    @property
+    def queue(self) -> k7core.Queue:
+        return self._writer.queue
+
+    @property
+    def batches(self) -> int:
+        """Appending calls made so far (with ``fsync="sync"``: msyncs)."""
+        return self._writer.batches
+
+    @property
+    def messages(self) -> int:
+        """Messages appended so far."""
+        return self._writer.messages
+
+    @property
+    def running(self) -> bool:
+        return self._writer.running
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return (
+            f"<k7async.QueueWriter {str(self.queue.path)!r} {state} "
+            f"batches={self.batches} messages={self.messages}>"
+        )
+
+
+class Writer:
+    """The writer thread of one queue: an owner thread of the queue whose batch hook appends
+    runs of pending writes with one ``enqueue_many`` each. Used by the producer channels,
+    sinks and AsyncQueues of the queue (through :class:`QueueRegistry`); ``face`` is what
+    users see of it."""
 
     def __init__(self, queue: k7core.Queue) -> None:
         self._queue = queue
@@ -77,6 +113,7 @@ class QueueWriter:
         self._owner: Owner[k7core.Queue] = Owner(
             lambda: queue, name=f"k7async-writer-{queue.path.name}", batch=self._write
         )
+        self.face = QueueWriter(self)
 
     @property
     def queue(self) -> k7core.Queue:
@@ -191,11 +228,7 @@ class QueueWriter:
                 start = end
 
     def __repr__(self) -> str:
-        state = "running" if self.running else "stopped"
-        return (
-            f"<k7async.QueueWriter {str(self._queue.path)!r} {state} "
-            f"batches={self._batches} messages={self._messages}>"
-        )
+        return f"<k7async writer of {str(self._queue.path)!r}>"
 
 
 def _nothing(queue: k7core.Queue) -> None:

@@ -121,10 +121,10 @@ _IDLE_PASSES = 3
 class _Pump:
     """The task moving a producer channel's items to the writer thread, batch by batch.
 
-    One batch is in the writer's hands at a time; meanwhile senders fill the stream's
-    buffer, and the next batch is everything there once the previous one is written (the
-    batch grows with the writer's latency: group commit). So at most about two buffers of
-    items are in memory.
+    One batch is in the writer's hands at a time. While it is written, the pump gathers the
+    next one from the stream (up to ``target`` items, then it waits for the writer), and
+    senders fill the stream's buffer again: at most about three buffers of items are in
+    memory, and a batch grows with the writer's latency (group commit).
     """
 
     def __init__(

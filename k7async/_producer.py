@@ -21,29 +21,68 @@ from ._writer import MAX_BATCH_MESSAGES, Append, Writer
 T_contra = TypeVar("T_contra", contravariant=True)
 
 
+class _Room:
+    """Where the senders of a producer channel wait for room in its full buffer: one event
+    for all of them, set each time the channel's pump takes items (or waits for some).
+
+    anyio's own ``send`` parks each waiting sender with an event of its own, a full
+    checkpoint and a hand-over of its item; with many senders and a small buffer that costs
+    more than the messages do. Here a waiting sender tries again once there is room.
+    """
+
+    __slots__ = ("_event", "handover")
+
+    def __init__(self, handover: bool = False) -> None:
+        self._event: anyio.Event | None = None
+        self.handover = handover
+        """A buffer of 0: an item goes to the pump only while it waits to receive, so a
+        sender waits as anyio's own ``send`` does (handed over, not tried again)."""
+
+    async def wait(self) -> None:
+        if self._event is None:
+            self._event = anyio.Event()
+        await self._event.wait()
+
+    def notify(self) -> None:
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+
 def _drain_nowait(
-    stream: MemoryObjectReceiveStream[Payload | _Stop], batch: list[Payload]
+    stream: MemoryObjectReceiveStream[Payload | _Stop],
+    batch: list[Payload],
+    room: _Room | None = None,
 ) -> bool:
-    """Move what the stream holds now (buffer and blocked senders) into ``batch``.
+    """Move what the stream holds now (buffer and blocked senders) into ``batch``; tell the
+    senders waiting in ``room`` that there is room again.
 
     Returns True when the stream is over (a stop marker, or every sender closed).
     """
     over = False
+    taken = len(batch)
     while True:
         try:
             item = stream.receive_nowait()
         except anyio.WouldBlock:
-            return over
+            break
         except anyio.EndOfStream:
-            return True
+            over = True
+            break
         if isinstance(item, _Stop):
             over = True  # keep draining: items sent before the stop was seen still count
         else:
             batch.append(item)
+    if room is not None and len(batch) > taken:
+        room.notify()
+    return over
 
 
 async def _gather(
-    stream: MemoryObjectReceiveStream[Payload | _Stop], batch: list[Payload], target: int
+    stream: MemoryObjectReceiveStream[Payload | _Stop],
+    batch: list[Payload],
+    target: int,
+    room: _Room | None = None,
 ) -> bool:
     """Drain the stream into ``batch``; while senders keep it busy, go on for a few more
     scheduler passes (up to ``target`` items) so that one thread hop carries many messages.
@@ -52,12 +91,12 @@ async def _gather(
     nothing (a few: a scheduler may run this task before the senders within a pass).
     Returns True when the stream is over. Call it shielded: it holds items already taken.
     """
-    over = _drain_nowait(stream, batch)
+    over = _drain_nowait(stream, batch, room)
     idle = 0
     while not over and len(batch) < target and idle < _IDLE_PASSES:
         had = len(batch)
         await anyio.lowlevel.checkpoint()
-        over = _drain_nowait(stream, batch)
+        over = _drain_nowait(stream, batch, room)
         idle = idle + 1 if len(batch) == had else 0
     return over
 
@@ -128,9 +167,14 @@ class _Pump:
     """
 
     def __init__(
-        self, writer: Writer, receive: MemoryObjectReceiveStream[Payload | _Stop], target: int
+        self,
+        writer: Writer,
+        receive: MemoryObjectReceiveStream[Payload | _Stop],
+        target: int,
+        room: _Room,
     ) -> None:
         self.target = target
+        self.room = room
         self.writer = writer
         self.receive = receive
         self.done = anyio.Event()
@@ -146,29 +190,31 @@ class _Pump:
                 self.error = exc
             finally:
                 self.receive.close()  # senders still running get BrokenResourceError
+                self.room.notify()
                 self.done.set()
 
     async def _run(self) -> None:
-        receive = self.receive
+        receive, room = self.receive, self.room
         inflight: tuple[Append, list[Payload]] | None = None
         while True:
             batch: list[Payload] = []
-            over = _drain_nowait(receive, batch)
+            over = _drain_nowait(receive, batch, room)
             if not batch and not over:  # nothing at hand
                 if inflight is not None:
                     await self._settle(*inflight)
                     inflight = None
                     continue
+                room.notify()  # (a buffer of 0: senders hand items to a waiting pump)
                 try:
                     first = await receive.receive()  # wait for a sender
                 except anyio.EndOfStream:
                     return
                 if isinstance(first, _Stop):
-                    over = _drain_nowait(receive, batch) or True
+                    over = _drain_nowait(receive, batch, room) or True
                 else:
                     batch.append(first)
             if batch and not over:
-                over = await _gather(receive, batch, self.target)
+                over = await _gather(receive, batch, self.target, room)
             if over:
                 # No checkpoint since the last receive_nowait: nothing can slip in between.
                 receive.close()
@@ -200,29 +246,41 @@ class ChannelSendStream(MemoryObjectSendStream[T_contra]):
     """A producer channel's send stream: anyio's memory object send stream (same buffer,
     clones, closing and errors) whose ``send`` is paced by :class:`Pace`: a cancel point at
     every call, a schedule point at least every ``SCHEDULE_EVERY`` calls and whenever it
-    waits for room, instead of a full checkpoint per message."""
+    waits for room, instead of a full checkpoint per message. Senders waiting for room in a
+    full buffer wait together (:class:`_Room`)."""
 
+    _room: _Room = field(default_factory=_Room)  # shared by the clones
     _pace: Pace = field(init=False, default_factory=Pace)
 
     @classmethod
     def over(cls, stream: MemoryObjectSendStream[T_contra]) -> ChannelSendStream[T_contra]:
         """A paced stream onto ``stream``'s buffer; ``stream`` is closed (this replaces it)."""
-        paced = cls(_state=stream._state)
+        paced = cls(_state=stream._state, _room=_Room(stream.statistics().max_buffer_size == 0))
         stream.close()
         return paced
 
     async def send(self, item: T_contra) -> None:
         await self._pace.checkpoint()  # a cancel point; a schedule point now and then
-        try:
-            self.send_nowait(item)
-        except anyio.WouldBlock:
-            await super().send(item)  # a full checkpoint, then waits for room
-            self._pace.scheduled()
+        while True:
+            try:
+                self.send_nowait(item)  # or the stream's errors: closed, broken
+                return
+            except anyio.WouldBlock:
+                if self._room.handover:
+                    await super().send(item)  # a full checkpoint, then the hand-over
+                    self._pace.scheduled()
+                    return
+                await self._room.wait()  # cancellable: the item is not sent
+                self._pace.scheduled()
 
     def clone(self) -> ChannelSendStream[T_contra]:
         if self._closed:
             raise anyio.ClosedResourceError
-        return ChannelSendStream(_state=self._state)
+        return ChannelSendStream(_state=self._state, _room=self._room)
+
+    def close(self) -> None:
+        super().close()
+        self._room.notify()  # a task waiting to send on this clone gets ClosedResourceError
 
 
 @asynccontextmanager
@@ -251,7 +309,9 @@ async def producer_channel(
     pump: _Pump | None = None
     try:
         async with QUEUES.writing(core) as writer:
-            pump = _Pump(writer, receive, max(1, int(min(max_buffer_size, MAX_BATCH_MESSAGES))))
+            pump = _Pump(
+                writer, receive, max(1, int(min(max_buffer_size, MAX_BATCH_MESSAGES))), send._room
+            )
             try:
                 async with _alongside(pump.run):
                     try:

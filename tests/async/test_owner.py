@@ -124,10 +124,10 @@ def test_tasks_of_two_loops_in_two_threads_share_batches() -> None:
             await anyio.to_thread.run_sync(submitted.wait)
 
     resource.hold()
-    owner.submit(Job(-1), answer=False)  # the owner thread waits at the gate with it
+    owner.submit(Job(-1), answer=False)
+    assert resource.held.wait(30)  # the owner thread waits at the gate, with that one alone
 
     def release() -> None:
-        assert resource.held.wait(30)
         submitted.wait()
         resource.gate.set()
 

@@ -9,6 +9,7 @@ damaged cursor). One segment of 32-byte messages, filled; median of 5 opens each
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import tempfile
 import time
@@ -20,8 +21,8 @@ PAYLOAD = b"x" * 32
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--segment-size", type=int, default=k7core.Queue.__init__.__kwdefaults__[
-        "segment_size"])
+    default_size = inspect.signature(k7core.Queue).parameters["segment_size"].default
+    ap.add_argument("--segment-size", type=int, default=default_size)
     ap.add_argument("--dir", default=None, help="parent directory of the queue (default: /tmp)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as top, k7core.Queue(

@@ -123,7 +123,8 @@ def main() -> None:
     assert distinct == n, (distinct, n)
 
     with k7core.Queue(alerts, readonly=True) as q:
-        got, pos = [], 0
+        got: list[int] = []
+        pos = 0
         while len(batch := q.read_columnar(pos)):
             got.extend(json.loads(bytes(batch.payload(i)))["id"] for i in range(len(batch)))
             pos = batch.next

@@ -253,7 +253,7 @@ class ChannelSendStream(MemoryObjectSendStream[T_contra]):
     _pace: Pace = field(init=False, default_factory=Pace)
 
     @classmethod
-    def over(cls, stream: MemoryObjectSendStream[T_contra]) -> ChannelSendStream[T_contra]:
+    def _over(cls, stream: MemoryObjectSendStream[T_contra]) -> ChannelSendStream[T_contra]:
         """A paced stream onto ``stream``'s buffer; ``stream`` is closed (this replaces it)."""
         paced = cls(_state=stream._state, _room=_Room(stream.statistics().max_buffer_size == 0))
         stream.close()
@@ -304,7 +304,7 @@ async def producer_channel(
     """
     core = core_queue(queue)
     plain, receive = anyio.create_memory_object_stream[Payload | _Stop](max_buffer_size)
-    send = ChannelSendStream.over(plain)
+    send = ChannelSendStream._over(plain)
     control = send.clone()
     pump: _Pump | None = None
     try:

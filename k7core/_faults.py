@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from typing import Literal
 
 from ._kernel import lib
-from ._native._fast import set_fault_msync
 from ._storage import FAULTS
 
 Fault = Literal["msync", "preallocate", "fsync"]
@@ -24,8 +23,7 @@ Fault = Literal["msync", "preallocate", "fsync"]
 def inject(fault: Fault, err: int) -> Iterator[None]:
     """Make ``fault`` fail with ``err`` (an errno) inside the block."""
     if fault == "msync":
-        lib.k7_fault_msync = err  # the cffi module's copy of the kernel
-        set_fault_msync(err)  # and the fast paths' copy
+        lib.k7_fault_msync = err
     elif fault in ("preallocate", "fsync"):
         FAULTS[fault] = err
     else:
@@ -35,6 +33,5 @@ def inject(fault: Fault, err: int) -> Iterator[None]:
     finally:
         if fault == "msync":
             lib.k7_fault_msync = 0
-            set_fault_msync(0)
         else:
             FAULTS.pop(fault, None)

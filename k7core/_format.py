@@ -1,4 +1,7 @@
-"""On-disk names and constants (DESIGN §2), shared by the writer and the readers."""
+"""The on-disk format (docs/format.md) in Python: its numbers, taken from the kernel's
+header ``k7.h`` through the compiled module (so that header is their one source), the file
+names, and the cursor and frame-header codecs. Shared by the writer, the readers, the
+groups, stats, the CLI and spark."""
 
 from __future__ import annotations
 
@@ -9,21 +12,28 @@ import re
 import struct
 
 from ._errors import StorageError
+from ._kernel import lib
 
-FRAME_HEADER = 10
-FRAME_ALIGN = 8
-MAX_PAYLOAD = 2**31 - 1
-MAX_OFFSET = 2**63 - 1  # offsets are int64 on disk (cursors) and in the kernel
-CURSOR_FILE_SIZE = 4096
-POSITION_FILE_SIZE = 4096
-DEFAULT_SEGMENT_SIZE = 256 * 1024 * 1024
+# Frames: magic, flags, big-endian length and CRC32C, the payload, zeros to FRAME_ALIGN.
+FRAME_MAGIC: int = lib.K7_MAGIC
+FRAME_FLAG_COMMITTED: int = lib.K7_FLAG_COMMITTED
+FRAME_HEADER: int = lib.K7_HEADER
+FRAME_ALIGN: int = lib.K7_ALIGN
+MAX_PAYLOAD: int = lib.K7_MAX_LEN
+MAX_OFFSET: int = lib.K7_MAX_OFFSET  # offsets are int64 on disk (cursors) and in the kernel
 # k7 on the JVM maps a segment as one MappedByteBuffer, which holds at most 2^31-1 bytes: a
 # larger segment could not be opened there, and gains nothing (a payload is < 2 GiB).
-MAX_SEGMENT_SIZE = 2**31 - 8
+MAX_SEGMENT_SIZE: int = lib.K7_MAX_SEGMENT
+CURSOR_FILE_SIZE: int = lib.K7_CURSOR_FILE_SIZE
+CURSOR_SIZE: int = lib.K7_CURSOR_SIZE  # the committed offset at byte 0 (see decode_cursor)
+POSITION_FILE_SIZE: int = lib.K7_POS_FILE_SIZE  # a k7_pos (k7.h) at byte 0
+DEFAULT_SEGMENT_SIZE = 256 * 1024 * 1024  # k7's default
 
 SEGMENT_RE = re.compile(r"^seg-(\d{20})\.k7$")
 CURSOR_PREFIX = "cursor-"
+CURSOR_SUFFIX = ".k7"
 # Files this project adds; k7 (JVM) ignores them: not seg-*.k7, not cursor-*.k7.
+OWN_PREFIX = "k7py-"  # every one of them starts so
 WRITER_LOCK = "k7py-writer.lock"
 POSITION_FILE = "k7py-position"
 SPARE_SEGMENT = "k7py-spare.seg"  # the next segment, being prepared (not a segment yet)
@@ -45,7 +55,12 @@ class Fsync(enum.StrEnum):
 
     @property
     def code(self) -> int:
-        return {"flush": 0, "async": 1, "sync": 2}[self.value]
+        """The kernel's ``K7_MODE_*`` for this strategy."""
+        return _MODES[self]
+
+
+_MODES = {Fsync.FLUSH: lib.K7_MODE_FLUSH, Fsync.ASYNC: lib.K7_MODE_ASYNC,
+          Fsync.SYNC: lib.K7_MODE_SYNC}
 
 
 def parse_fsync(value: str | Fsync, what: str) -> Fsync:
@@ -58,11 +73,60 @@ def parse_fsync(value: str | Fsync, what: str) -> Fsync:
 
 
 def frame_size(length: int) -> int:
+    """Bytes a frame with a ``length``-byte payload takes (header, payload, padding)."""
     return (FRAME_HEADER + length + FRAME_ALIGN - 1) & ~(FRAME_ALIGN - 1)
+
+
+# The frame header (k7.h): magic, flags, length (BE u32), CRC32C of the payload (BE u32).
+# The kernel writes and checks frames; this codec is for the tools and tests that build or
+# take apart one by hand.
+_FRAME = struct.Struct(">BBII")
+
+
+def encode_frame_header(length: int, crc: int) -> bytes:
+    """The header of a committed frame of ``length`` payload bytes whose CRC32C is ``crc``."""
+    return _FRAME.pack(FRAME_MAGIC, FRAME_FLAG_COMMITTED, length, crc)
+
+
+def decode_frame_header(data: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, ...]:
+    """``(magic, flags, length, crc)`` of the frame header at ``data[pos:]``, unchecked."""
+    return _FRAME.unpack_from(data, pos)
 
 
 def segment_name(base: int) -> str:
     return f"seg-{base:020d}.k7"
+
+
+SIDE_FILES = ("torn", "stray", "orphaned")
+"""The kinds of side file recovery and the writer leave (see the ``*_name`` functions)."""
+
+
+def torn_name(base: int, pos: int, ns: int) -> str:
+    """The side file of the bytes that recovery cut at ``pos`` of the segment at ``base``,
+    at ``ns`` (``time.time_ns()``)."""
+    return f"{OWN_PREFIX}torn-{base:020d}-{pos:012d}-{ns}.bin"
+
+
+def stray_name(base: int) -> str:
+    """Where a frameless stray segment at ``base`` that holds data is kept aside."""
+    return f"{OWN_PREFIX}stray-{segment_name(base)}"
+
+
+def orphaned_name(base: int) -> str:
+    """The image of the segment at ``base`` whose file a writer found lost."""
+    return f"{OWN_PREFIX}orphaned-{segment_name(base)}"
+
+
+def queue_file(name: str) -> bool:
+    """Whether ``name`` is a file the queue itself owns (segments, cursors, the writer lock,
+    the position file, the spare segment, recovery's side files), as opposed to another
+    layer's files kept in the directory (such as Spark's sink records)."""
+    return bool(
+        SEGMENT_RE.match(name)
+        or cursor_group(name) is not None
+        or name in (WRITER_LOCK, POSITION_FILE, SPARE_SEGMENT)
+        or name.startswith(tuple(f"{OWN_PREFIX}{kind}-" for kind in SIDE_FILES))
+    )
 
 
 def segment_base(name: str, directory: str | os.PathLike[str]) -> int | None:
@@ -99,7 +163,16 @@ def encode_cursor(offset: int) -> bytes:
 
 
 def cursor_name(group: str) -> str:
-    return f"{CURSOR_PREFIX}{group}.k7"
+    """The name of the cursor file of ``group``."""
+    return f"{CURSOR_PREFIX}{group}{CURSOR_SUFFIX}"
+
+
+def cursor_group(name: str) -> str | None:
+    """The group whose cursor file is named ``name``; None when ``name`` is not shaped as a
+    cursor file's (the group name is not checked)."""
+    if name.startswith(CURSOR_PREFIX) and name.endswith(CURSOR_SUFFIX):
+        return name[len(CURSOR_PREFIX) : -len(CURSOR_SUFFIX)]
+    return None
 
 
 def check_group_name(name: object) -> str:

@@ -27,6 +27,7 @@ from ._errors import (
 from ._flusher import FlushSlot
 from ._format import (
     CURSOR_FILE_SIZE,
+    CURSOR_SIZE,
     Fsync,
     check_group_name,
     cursor_name,
@@ -155,7 +156,7 @@ class ConsumerGroup(Resource):
             self._file_id = (st.st_dev, st.st_ino)
             res.map = Mapping(res.fd, CURSOR_FILE_SIZE, writable=True)
             c = self._c = res.c = ffi.new("k7_cursor *")
-            self._dummy = ffi.new("uint8_t[8]")
+            self._dummy = ffi.new(f"uint8_t[{CURSOR_SIZE}]")
             c.map = res.map.ptr
             c.mode = self.cursor_fsync.code
             if self.cursor_fsync is Fsync.ASYNC:
@@ -252,6 +253,12 @@ class ConsumerGroup(Resource):
         return self._read_raw(max_batch)
 
     def _read_raw(self, max_batch: int) -> list[Message]:
+        msgs = self._read_segment(max_batch)
+        return self._read_on(msgs, max_batch) if 0 < len(msgs) < max_batch else msgs
+
+    def _read_segment(self, max_batch: int) -> list[Message]:
+        """Up to ``max_batch`` messages of one segment (crossing into the next when the
+        current one has none left)."""
         rd = self._reader
         assert rd is not None
         if max_batch > self._cap:
@@ -263,15 +270,20 @@ class ConsumerGroup(Resource):
             if not n:
                 return []
             msgs = self._fetch.collect(n)
-        return self._read_on(msgs, max_batch) if len(msgs) < max_batch else msgs
+        return msgs
 
     def _read_on(self, msgs: list[Message], max_batch: int) -> list[Message]:
-        """A short batch continues in the next segment when data is visible beyond it."""
+        """A short batch continues in the next segments while data is visible beyond it
+        (a loop: a batch may span any number of small segments)."""
         c = self._rc
-        if c.status != SCAN_CORRUPT and c.pos < c.end:
-            # deliver what was read; the next poll reports the loss or the damage
-            with contextlib.suppress(DataLossError, CorruptFrameError, StorageError):
-                msgs += self._read_raw(max_batch - len(msgs))
+        while len(msgs) < max_batch and c.status != SCAN_CORRUPT and c.pos < c.end:
+            try:  # deliver what was read; the next poll reports the loss or the damage
+                more = self._read_segment(max_batch - len(msgs))
+            except (DataLossError, CorruptFrameError, StorageError):
+                break
+            if not more:
+                break
+            msgs += more
         return msgs
 
     def _take_redeliveries(self, max_batch: int) -> list[Message]:
@@ -448,12 +460,12 @@ class ConsumerGroup(Resource):
             self._cap = 0
             self._fetch.detach()
             self._reader = None
-            err = lib.k7_msync(self._c.map, 0, 8)  # k7 flushes the cursor on close, always
+            err = lib.k7_msync(self._c.map, 0, CURSOR_SIZE)  # k7 flushes it on close, always
             committed = int(lib.k7_committed(self._f))
             self._finalizer()
             # The cursor file is unmapped: point the C cursor at private memory and forget what
             # was in flight, so a late ack/seek/nack touches nothing and reports ClosedError.
-            self._c.map, self._c.mode = self._dummy, 0
+            self._c.map, self._c.mode = self._dummy, lib.K7_MODE_FLUSH
             lib.k7_reset(self._f, lib.k7_committed(self._f))
             if self._registry is not None:
                 self._registry.discard(self)

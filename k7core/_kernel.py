@@ -1,28 +1,31 @@
-"""The compiled kernel: ``ffi`` and ``lib`` (cffi, ``k7core._native._k7``), and the thread
-guard of the CPython fast paths (``k7core._native._fast``)."""
+"""The compiled kernel: ``ffi`` and ``lib`` (cffi, ``k7core._native._k7``, the one build of
+``k7.c``), the binding of the CPython fast paths (``k7core._native._fast``) to it, and their
+thread guard."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._checks import check_count, check_timeout
 from ._errors import ConcurrentUseError
 
 try:
-    from ._native._fast import Appender, Fetcher, set_busy_error, set_checks
-    from ._native._k7 import ffi as _ffi
-    from ._native._k7 import lib as _lib
+    from ._native._fast import Appender, Fetcher, bind, set_busy_error, set_checks
+    from ._native._k7 import ffi as ffi
+    from ._native._k7 import lib as lib
 except ImportError as exc:  # pragma: no cover - only when the build step was skipped
     raise ImportError(
         "k7core's C kernel is not built: install the package with `pip install .` "
         "(it compiles k7core/_native/k7.c and _fast.c)"
     ) from exc
 
-ffi: Any = _ffi
-lib: Any = _lib
+if TYPE_CHECKING:
+    from ._native._k7 import CData  # a cffi pointer (only in the stub, _k7.pyi)
+
+bind(int(ffi.cast("uintptr_t", lib.k7_api_table())))  # before anything uses _fast
 
 NOFIT: int = lib.K7_NOFIT
 EIO: int = lib.K7_EIO
@@ -31,9 +34,10 @@ TOOLARGE: int = lib.K7_TOOLARGE
 SCAN_OK: int = lib.K7_SCAN_OK
 SCAN_EMPTY: int = lib.K7_SCAN_EMPTY
 SCAN_CORRUPT: int = lib.K7_SCAN_CORRUPT
+SCAN_NOSEG: int = lib.K7_SCAN_NOSEG
 
 
-def address(ptr: Any) -> int:
+def address(ptr: CData) -> int:
     """The address of a cffi pointer, for the CPython entry points in ``_native._fast``."""
     return int(ffi.cast("uintptr_t", ptr))
 

@@ -10,6 +10,7 @@ from ._checks import check_int, check_seconds
 from ._errors import MessageTooLargeError
 from ._format import (
     DEFAULT_SEGMENT_SIZE,
+    FRAME_ALIGN,
     FRAME_HEADER,
     MAX_PAYLOAD,
     MAX_SEGMENT_SIZE,
@@ -52,8 +53,10 @@ class QueueOptions:
     ) -> QueueOptions:
         """The options a caller passed, each checked (``TypeError``/``ValueError`` naming it)."""
         size = check_int(segment_size, "segment_size", 64)
-        if size % 8:
-            raise ValueError(f"segment_size must be a multiple of 8, not {segment_size!r}")
+        if size % FRAME_ALIGN:
+            raise ValueError(
+                f"segment_size must be a multiple of {FRAME_ALIGN}, not {segment_size!r}"
+            )
         if size > MAX_SEGMENT_SIZE:
             raise ValueError(
                 f"segment_size must be at most {MAX_SEGMENT_SIZE} (2 GiB - 8), not "
@@ -103,7 +106,7 @@ class QueueOptions:
         if n > MAX_PAYLOAD or frame_size(n) > self.segment_size:
             raise MessageTooLargeError(
                 f"a message of {n} bytes does not fit in a segment of {self.segment_size} "
-                f"bytes (frame header {FRAME_HEADER} bytes, 8-byte aligned)",
+                f"bytes (frame header {FRAME_HEADER} bytes, {FRAME_ALIGN}-byte aligned)",
                 path=Path(path),
                 hint="raise segment_size or split the message",
             )

@@ -316,6 +316,7 @@ class Queue(Resource):
     def check_message_size(self, n: int) -> None:
         """Raise ``MessageTooLargeError`` if a message of ``n`` bytes cannot be enqueued
         (for callers that check before they hand a message on)."""
+        self._check_open()
         self._opts.check_message_size(n, self._path)
 
     def _active_writer(self) -> SegmentWriter:

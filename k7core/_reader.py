@@ -7,13 +7,11 @@ import errno
 
 from ._errors import CorruptFrameError, DataLossError, K7Error, StorageError
 from ._format import FRAME_ALIGN, FRAME_HEADER, segment_name
-from ._kernel import SCAN_CORRUPT, SCAN_EMPTY, ffi, lib
+from ._kernel import SCAN_CORRUPT, SCAN_EMPTY, SCAN_NOSEG, SCAN_OK, ffi, lib
 from ._log import LogView
 from ._native._fast import Fetcher
 from ._stats import LAG_COUNT_LIMIT
 from ._storage import Mapping, last_data, map_file, next_frame
-
-SCAN_NOSEG: int = lib.K7_SCAN_NOSEG
 
 
 class Reader:
@@ -69,7 +67,7 @@ class Reader:
         c = self.c
         for _ in range(64):  # bounded walk over empty and sealed segments
             pos = int(c.pos)
-            if pos >= c.end or c.status == lib.K7_SCAN_OK:
+            if pos >= c.end or c.status == SCAN_OK:
                 return 0
             if c.status in (SCAN_CORRUPT, SCAN_EMPTY) and self._sealed_since():
                 pass  # the segment ends here now: read again within its sealed end

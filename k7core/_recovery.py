@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._errors import StorageError
-from ._format import segment_name
+from ._format import FRAME_ALIGN, segment_name, stray_name, torn_name
 from ._kernel import ffi, lib
 from ._options import QueueOptions
 from ._stats import RecoveryEvent
@@ -61,8 +61,8 @@ def recover(path: Path, options: QueueOptions, events: list[RecoveryEvent]) -> T
     base = bases[-1]
     seg = path / segment_name(base)
     size = seg.stat().st_size
-    if size % 8:  # cut by hand inside a frame's padding: keep offsets 8-aligned
-        os.truncate(seg, size + 8 - size % 8)
+    if size % FRAME_ALIGN:  # cut by hand inside a frame's padding: keep offsets aligned
+        os.truncate(seg, size + FRAME_ALIGN - size % FRAME_ALIGN)
     m = map_file(seg, writable=True)
     count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
     end = 0 if m is None else int(lib.k7_scan_end(m.ptr, m.size, count, status))
@@ -110,14 +110,14 @@ def _drop_stray_segments(
 
 def discard_stray(path: Path, base: int) -> str | None:
     """Remove the segment file at ``base``, which holds no frame: deleted, or renamed
-    to ``k7py-stray-seg-<base>.k7`` (returned) if it holds any non-zero byte."""
+    to ``stray_name(base)`` (returned) if it holds any non-zero byte."""
     seg = path / segment_name(base)
     side = None
     m = map_file(seg, writable=False)
     if m is not None:
         try:
             if last_data(m.ptr, seg, 0, m.size):  # never lose a byte: keep it aside
-                side = f"k7py-stray-{segment_name(base)}"
+                side = stray_name(base)
                 os.rename(seg, path / side)
         finally:
             m.close()
@@ -135,7 +135,7 @@ def cut_tail(
     last = last_data(m.ptr, path / segment_name(base), end, m.size)
     if last <= end:
         return
-    side = path / f"k7py-torn-{base:020d}-{end:012d}-{time.time_ns()}.bin"
+    side = path / torn_name(base, end, time.time_ns())
     side_fd = open_fd(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, options.file_mode)
     with os.fdopen(side_fd, "wb") as f:
         f.write(m.read(end, last))

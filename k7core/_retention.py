@@ -15,17 +15,13 @@ import os
 import time
 from pathlib import Path
 
-from ._format import CURSOR_PREFIX, SEGMENT_RE, WRITER_LOCK, cursor_name, segment_name
+from ._format import WRITER_LOCK, cursor_name, queue_file, segment_name
 from ._log import LogView
 from ._options import QueueOptions
 from ._stats import SegmentInfo, list_segment_infos, read_cursors
 from ._storage import fsync_dir, list_segments, open_fd, try_lock
 
 log = logging.getLogger("k7core")
-
-OWN_DIRECTORY_PREFIX = "k7py-"
-"""Files of this project in a queue directory begin with it (k7 on the JVM ignores them)."""
-
 
 class Retention:
     """The writer's deletions of sealed segments, and their counters (for stats)."""
@@ -137,16 +133,12 @@ def lock_drained(path: Path, end: int) -> list[int] | None:
 
 
 def remove_queue_files(path: Path) -> None:
-    """Delete every file of the queue in ``path``, the writer lock last (we still hold
-    it): segments, cursors and this project's own files. Directories are left (another
-    layer's, such as Spark's staging area)."""
+    """Delete the queue's own files in ``path`` (see ``queue_file``), the writer lock last
+    (we still hold it). Other layers' files and directories (Spark's staging area and sink
+    records) are left."""
     for entry in os.scandir(path):
         name = entry.name
-        if entry.is_dir(follow_symlinks=False) or name == WRITER_LOCK:
-            continue
-        if SEGMENT_RE.match(name) or (
-            name.startswith(CURSOR_PREFIX) and name.endswith(".k7")
-        ) or name.startswith(OWN_DIRECTORY_PREFIX):
+        if name != WRITER_LOCK and queue_file(name) and not entry.is_dir(follow_symlinks=False):
             with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                 os.unlink(path / name)
     with contextlib.suppress(FileNotFoundError):

@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import InvalidNameError, StorageError
-from ._format import CURSOR_PREFIX, check_group_name, decode_cursor, segment_base
+from ._format import (
+    CURSOR_SIZE,
+    check_group_name,
+    cursor_group,
+    cursor_name,
+    decode_cursor,
+    segment_base,
+)
 from ._storage import lock_is_free, open_fd
 
 #: ``lag_messages`` is counted (a CRC-checked scan of the frames) only when the lag is at
@@ -174,13 +181,14 @@ def list_segment_infos(directory: Path) -> list[SegmentInfo]:
 
 def read_cursors(directory: Path) -> list[tuple[str, int]]:
     """``(group, committed)`` for every ``cursor-*.k7`` file, sorted by name. A file shorter
-    than 8 bytes (being created) reads as 0."""
+    than the cursor (being created) reads as 0."""
     out = []
     for name in os.listdir(directory):
-        if not (name.startswith(CURSOR_PREFIX) and name.endswith(".k7")):
+        group = cursor_group(name)
+        if group is None:
             continue
         try:  # foreign files (bad group name, not a regular file, a link) are not cursors
-            check_group_name(name[len(CURSOR_PREFIX) : -3])
+            check_group_name(group)
             fd = open_fd(directory / name, os.O_RDONLY)
         except InvalidNameError:
             continue
@@ -189,10 +197,10 @@ def read_cursors(directory: Path) -> list[tuple[str, int]]:
                 continue
             raise
         try:
-            head = os.pread(fd, 8, 0)
+            head = os.pread(fd, CURSOR_SIZE, 0)
         finally:
             os.close(fd)
-        out.append((name[len(CURSOR_PREFIX) : -3], decode_cursor(head)))
+        out.append((group, decode_cursor(head)))
     out.sort()
     return out
 
@@ -233,7 +241,7 @@ class LockTable:
 
 def group_owned(directory: Path, group: str, locks: LockTable | None = None) -> bool:
     """True when some consumer (any process, this one included) holds the group's lock."""
-    return (locks or LockTable()).locked(directory / f"{CURSOR_PREFIX}{group}.k7")
+    return (locks or LockTable()).locked(directory / cursor_name(group))
 
 
 def disk_bytes(directory: Path) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._errors import ClosedError, StorageError
-from ._format import SPARE_MIN_SIZE, SPARE_SEGMENT, Fsync, segment_name
+from ._format import SPARE_MIN_SIZE, SPARE_SEGMENT, Fsync, orphaned_name, segment_name
 from ._kernel import BADOFFSETS, EIO, NOFIT, TOOLARGE, address, ffi, lib, owned
 from ._log import LogView
 from ._native._fast import CLOSED, Appender
@@ -290,7 +290,7 @@ class SegmentWriter:
         except FileNotFoundError:
             pass
         w.err = errno.ESTALE  # the kernel refuses every later append
-        side = self._path / f"k7py-orphaned-{segment_name(base)}"
+        side = self._path / orphaned_name(base)
         try:  # a segment image: renamed back, it restores the frames
             fd = open_fd(side, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._opts.file_mode)
             try:

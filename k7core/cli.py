@@ -43,12 +43,13 @@ except ImportError as exc:
 
 from ._errors import CursorError, DataLossError, K7Error, StorageError
 from ._format import (
+    CURSOR_SIZE,
     DEFAULT_SEGMENT_SIZE,
     FRAME_ALIGN,
-    FRAME_HEADER,
     WRITER_LOCK,
     cursor_name,
     decode_cursor,
+    frame_size,
     segment_name,
 )
 from ._group import check_cursor
@@ -168,7 +169,7 @@ def _queue_dir(path: str, create_hint: str = "") -> Path:
 def _segment_size(segs: list[SegmentInfo]) -> int:
     """The segment size of an existing queue: its largest segment file (new segments match)."""
     size = max((s.size for s in segs), default=DEFAULT_SEGMENT_SIZE)
-    return size if size >= 64 and size % 8 == 0 else DEFAULT_SEGMENT_SIZE
+    return size if size >= 64 and size % FRAME_ALIGN == 0 else DEFAULT_SEGMENT_SIZE
 
 
 def _writer(d: Path, **kw: Any) -> Queue:
@@ -524,8 +525,8 @@ def produce(directory: str, null: bool, batch: int, create: bool, segment_size: 
     if create and not (Path(directory).is_dir() and list_segment_infos(Path(directory))):
         if Path(directory).exists() and not Path(directory).is_dir():
             raise CliError(f"{directory} is not a directory")
-        if segment_size is not None and segment_size % 8:
-            raise click.BadParameter("a multiple of 8", param_hint="--segment-size")
+        if segment_size is not None and segment_size % FRAME_ALIGN:
+            raise click.BadParameter(f"a multiple of {FRAME_ALIGN}", param_hint="--segment-size")
         q = Queue(directory, segment_size=segment_size or DEFAULT_SEGMENT_SIZE, fsync=fsync)
     else:
         q = _writer(_queue_dir(directory, "; add --create to create a new queue there"),
@@ -612,7 +613,7 @@ def group_delete(d: Path, group: str) -> None:
     try:
         if not try_lock(fd):
             raise CliError(f"group {group!r} is owned by a running consumer; close it first")
-        committed = decode_cursor(os.pread(fd, 8, 0))
+        committed = decode_cursor(os.pread(fd, CURSOR_SIZE, 0))
         os.unlink(path)
     finally:
         os.close(fd)
@@ -705,7 +706,7 @@ def _timed(name: str, seconds: float, size: int, max_bytes: int, step: Any) -> d
     n = 0
     t0 = time.perf_counter()
     deadline = t0 + seconds
-    frame = (FRAME_HEADER + size + 7) & ~7
+    frame = frame_size(size)
     while time.perf_counter() < deadline and n * frame < max_bytes:
         got = len(step())
         if not got:

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "k7-jvm"
+from tests._queuehelp import ROOT
+
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "k7-jvm"
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._queuehelp import ROOT
+
 PACKAGES = ("k7core", "k7async")
 
 
@@ -37,7 +38,7 @@ def imports(modules: dict[str, Path]) -> dict[str, list[tuple[str, list[str], in
     statement anywhere in the file (``TYPE_CHECKING`` blocks and functions included)."""
     out: dict[str, list[tuple[str, list[str], int]]] = {}
     for name, path in modules.items():
-        found = []
+        found: list[tuple[str, list[str], int]] = []
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 found += [(a.name, [], node.lineno) for a in node.names]
@@ -69,7 +70,7 @@ def test_no_import_circle() -> None:
         stack.append(m)
         for t in graph[m]:
             if state.get(t) == 1:
-                cycles.append(stack[stack.index(t):] + [t])
+                cycles.append([*stack[stack.index(t):], t])
             elif t not in state:
                 visit(t)
         stack.pop()

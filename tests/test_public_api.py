@@ -112,7 +112,8 @@ def test_namespace_holds_no_unexported_names(name: str) -> None:
 
 
 def _subclasses(cls: type) -> Iterator[type]:
-    for sub in type.__subclasses__(cls):
+    subs: list[type] = cls.__subclasses__()
+    for sub in subs:
         yield sub
         yield from _subclasses(sub)
 

@@ -3,9 +3,13 @@
  * The kernel (k7.c) is reached through cffi everywhere else. A cffi call costs ~250 ns,
  * and building one Message per frame in Python costs ~600 ns more; at 32-byte payloads that
  * is most of the time of enqueue and poll (measured, see docs/benchmarks.md). These objects
- * call the same kernel functions directly with METH_O / METH_FASTCALL and build the Python
+ * call the kernel functions directly with METH_O / METH_FASTCALL and build the Python
  * objects in C. They hold raw pointers to C structs owned by the Python objects of
  * k7core (Queue, ConsumerGroup), which detach() them before those structs are freed.
+ *
+ * This module does not compile k7.c: the kernel is built once, into the cffi module _k7,
+ * whose k7_api_table() k7core._kernel passes to bind() at import. Until then Appender and
+ * Fetcher refuse to be created.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -16,6 +20,37 @@
 
 #define K7_CLOSED (-100) /* returned when the object was detached (queue or group closed) */
 #define STACK_ITEMS 256
+
+/* ------------------------------------------------------------------ the kernel */
+
+static const k7_api *kernel; /* set once by bind() */
+
+/* bind(address of the k7_api of the cffi module _k7): the kernel the fast paths call. */
+static PyObject *bind(PyObject *Py_UNUSED(module), PyObject *arg) {
+    unsigned long long addr = PyLong_AsUnsignedLongLong(arg);
+    if (addr == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    const k7_api *t = (const k7_api *)(uintptr_t)addr;
+    if (!t || t->api_size != (int64_t)sizeof(k7_api) ||
+        t->writer_size != (int64_t)sizeof(k7_writer) ||
+        t->reader_size != (int64_t)sizeof(k7_reader)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "bind: not a k7_api table of this build of k7.h (rebuild the package)");
+        return NULL;
+    }
+    if (kernel && kernel != t) {
+        PyErr_SetString(PyExc_RuntimeError, "bind: already bound to another kernel");
+        return NULL;
+    }
+    kernel = t;
+    Py_RETURN_NONE;
+}
+
+static int bound(void) {
+    if (kernel) return 1;
+    PyErr_SetString(PyExc_RuntimeError,
+                    "k7core._native._fast is not bound to the kernel: import k7core first");
+    return 0;
+}
 
 /* ------------------------------------------------------------------ thread guard
  *
@@ -132,7 +167,7 @@ static int get_bytes(PyObject *o, Py_buffer *buf, const uint8_t **p, int64_t *n,
 }
 
 static int too_large(const k7_writer *w, int64_t n) {
-    return n > K7_MAX_LEN || (w->max_frame > 0 && k7_frame_size(n) > w->max_frame);
+    return n > K7_MAX_LEN || (w->max_frame > 0 && kernel->frame_size(n) > w->max_frame);
 }
 
 /* ------------------------------------------------------------------ Appender */
@@ -163,7 +198,7 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_TypeError, "Appender takes no keyword arguments");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "K", &addr)) return -1;
+    if (!PyArg_ParseTuple(args, "K", &addr) || !bound()) return -1;
     self->w = (k7_writer *)(uintptr_t)addr;
     return 0;
 }
@@ -185,10 +220,10 @@ static PyObject *Appender_append(Appender *self, PyObject *data) {
     if (get_bytes(data, &buf, &p, &n, &held) < 0) return NULL;
     if (n > K7_MAX_LEN) {
         rc = K7_TOOLARGE;
-    } else if (w->mode == 2) { /* msync: let other threads run meanwhile */
-        UNLOCKED_OWNED(self, rc = k7_append(w, p, n));
+    } else if (w->mode == K7_MODE_SYNC) { /* msync: let other threads run meanwhile */
+        UNLOCKED_OWNED(self, rc = kernel->append(w, p, n));
     } else {
-        rc = k7_append(w, p, n);
+        rc = kernel->append(w, p, n);
     }
     if (held) PyBuffer_Release(&buf);
     return PyLong_FromLongLong(rc);
@@ -263,10 +298,10 @@ static PyObject *Appender_append_many(Appender *self, PyObject *const *args, Py_
         goto done;
     }
     if (rc == 0) {
-        if (w->mode == 2) {
-            UNLOCKED_OWNED(self, rc = k7_append_many(w, (uint8_t **)ptrs, lens, n, offs));
+        if (w->mode == K7_MODE_SYNC) {
+            UNLOCKED_OWNED(self, rc = kernel->append_many(w, (uint8_t **)ptrs, lens, n, offs));
         } else {
-            rc = k7_append_many(w, (uint8_t **)ptrs, lens, n, offs);
+            rc = kernel->append_many(w, (uint8_t **)ptrs, lens, n, offs);
         }
     }
     if (rc <= 0) {
@@ -335,7 +370,7 @@ static int Fetcher_init(Fetcher *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_TypeError, "Fetcher takes no keyword arguments");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "KKO!", &raddr, &faddr, &PyType_Type, &t)) return -1;
+    if (!PyArg_ParseTuple(args, "KKO!", &raddr, &faddr, &PyType_Type, &t) || !bound()) return -1;
     if (!PyType_IsSubtype((PyTypeObject *)t, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "Fetcher: the message type must subclass tuple");
         return -1;
@@ -402,7 +437,7 @@ static PyObject *collect(Fetcher *self, int64_t n) {
         PyErr_SetString(PyExc_RuntimeError, "k7 fetcher: no segment view for the frames read");
         return NULL;
     }
-    if (k7_track(self->f, n)) return PyErr_NoMemory();
+    if (kernel->track(self->f, n)) return PyErr_NoMemory();
     PyObject *list = PyList_New((Py_ssize_t)n);
     if (!list) return NULL;
     binaryfunc subscript = Py_TYPE(self->view)->tp_as_mapping->mp_subscript;
@@ -435,8 +470,6 @@ static PyObject *collect(Fetcher *self, int64_t n) {
     return list;
 }
 
-/* read(max_n) -> list of messages from the current segment (k7_read + track), maybe empty;
- * an empty list can also mean "cross to the next segment": the caller checks r->status. */
 /* read(max_n[, timeout]) -> messages of the frames visible in the current segment, up to
  * max_n. `timeout` is only checked (poll's fast path does not wait). */
 static PyObject *Fetcher_read(Fetcher *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -449,7 +482,7 @@ static PyObject *Fetcher_read(Fetcher *self, PyObject *const *args, Py_ssize_t n
     if (max_n == -1 && PyErr_Occurred()) return NULL;
     if (!self->r) return PyList_New(0);
     GUARD(self, GROUP_WHAT, NULL);
-    return collect(self, k7_read(self->r, max_n));
+    return collect(self, kernel->read(self->r, max_n));
 }
 
 /* collect(n) -> messages for n frames already scanned (after the Python slow path). */
@@ -490,7 +523,7 @@ static PyObject *Fetcher_ack(Fetcher *self, PyObject *arg) {
     if (offset_of(arg, &off) < 0) return NULL;
     if (!self->f) return PyLong_FromLong(0);
     GUARD(self, GROUP_WHAT, NULL);
-    return PyLong_FromLong(k7_ack(self->f, off));
+    return PyLong_FromLong(kernel->ack(self->f, off));
 }
 
 /* ack_many(iterable of msgs or offsets) -> count acked, or -errno; one cursor store. */
@@ -510,7 +543,7 @@ static PyObject *Fetcher_ack_many(Fetcher *self, PyObject *arg) {
     for (Py_ssize_t i = 0; i < n; i++) {
         if (offset_of(items[i], &offs[i]) < 0) goto done;
     }
-    result = PyLong_FromLongLong(self->f && n ? k7_ack_many(self->f, offs, n) : 0);
+    result = PyLong_FromLongLong(self->f && n ? kernel->ack_many(self->f, offs, n) : 0);
 done:
     if (offs != soffs) free(offs);
     Py_DECREF(seq);
@@ -546,15 +579,6 @@ static PyTypeObject FetcherType = {
 
 /* ------------------------------------------------------------------ module */
 
-/* set_fault_msync(errno): the fault-injection seam (k7core._faults) for this module's copy
- * of the kernel, which the fast paths use; the cffi module has its own. */
-static PyObject *set_fault_msync(PyObject *Py_UNUSED(module), PyObject *arg) {
-    long v = PyLong_AsLong(arg);
-    if (v == -1 && PyErr_Occurred()) return NULL;
-    __atomic_store_n(&k7_fault_msync, (int32_t)v, __ATOMIC_RELAXED);
-    Py_RETURN_NONE;
-}
-
 /* payload_size(data) -> its length in bytes, or the TypeError enqueue gives. */
 static PyObject *payload_size(PyObject *Py_UNUSED(module), PyObject *arg) {
     Py_buffer buf;
@@ -571,7 +595,7 @@ static PyMethodDef module_methods[] = {
     {"set_checks", (PyCFunction)(void (*)(void))set_checks, METH_FASTCALL, NULL},
     {"payload_size", (PyCFunction)payload_size, METH_O, NULL},
     {"message_offset", (PyCFunction)message_offset, METH_O, NULL},
-    {"set_fault_msync", (PyCFunction)set_fault_msync, METH_O, NULL},
+    {"bind", (PyCFunction)bind, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -85,7 +85,9 @@ static inline void put_be32(uint8_t *p, uint32_t v) {
     p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
 }
 
-int64_t k7_frame_size(int64_t len) { return (K7_HEADER + len + 7) & ~(int64_t)7; }
+int64_t k7_frame_size(int64_t len) {
+    return (K7_HEADER + len + K7_ALIGN - 1) & ~(int64_t)(K7_ALIGN - 1);
+}
 
 /* Write one frame; returns the new position or K7_NOFIT. */
 static inline int64_t put_frame(uint8_t *buf, int64_t cap, int64_t pos, const uint8_t *data, int64_t len) {
@@ -144,7 +146,8 @@ int64_t k7_scan(const uint8_t *buf, int64_t cap, int64_t pos, int64_t limit, int
 int64_t k7_next_frame(const uint8_t *buf, int64_t cap, int64_t start, int64_t limit) {
     if (limit > cap) limit = cap;
     if (start < 0) start = 0;
-    for (int64_t pos = (start + 7) & ~(int64_t)7; pos + K7_HEADER <= limit; pos += 8) {
+    int64_t first = (start + K7_ALIGN - 1) & ~(int64_t)(K7_ALIGN - 1);
+    for (int64_t pos = first; pos + K7_HEADER <= limit; pos += K7_ALIGN) {
         if (buf[pos] == K7_MAGIC && buf[pos + 1] == K7_FLAG_COMMITTED &&
             check_frame(buf, cap, pos, limit) >= 0)
             return pos;
@@ -371,10 +374,10 @@ static inline int64_t finish(k7_writer *w, int64_t start) {
     int64_t pos = w->pos;
     STORE_REL(&w->written, pos);
     switch (w->mode) {
-    case 0:
+    case K7_MODE_FLUSH:
         k7_publish(w->pub, (uint64_t)(w->base + pos));
         break;
-    case 1:
+    case K7_MODE_ASYNC:
         k7_bell_ring(w->bell);
         break;
     default: {
@@ -454,7 +457,7 @@ int k7_writer_sync(k7_writer *w) {
         if (rc) { w->err = rc; return rc; }
         w->synced = end;
     }
-    if (w->mode != 0 && k7_load_end(w->pub) != (uint64_t)(w->base + end))
+    if (w->mode != K7_MODE_FLUSH && k7_load_end(w->pub) != (uint64_t)(w->base + end))
         k7_publish(w->pub, (uint64_t)(w->base + end));
     return 0;
 }
@@ -474,14 +477,16 @@ void k7_writer_rollback(k7_writer *w, int64_t pos) {
 
 /* ------------------------------------------------------------------ cursor */
 
+_Static_assert(K7_CURSOR_SIZE == sizeof(uint64_t), "the cursor is one aligned 8-byte store");
+
 int k7_cursor_store(k7_cursor *c, int64_t value) {
     __atomic_store_n((uint64_t *)c->map, __builtin_bswap64((uint64_t)value), __ATOMIC_RELEASE);
-    if (c->mode == 2) {
-        int rc = k7_msync(c->map, 0, 8);
+    if (c->mode == K7_MODE_SYNC) {
+        int rc = k7_msync(c->map, 0, K7_CURSOR_SIZE);
         if (rc) c->err = rc;
         return rc;
     }
-    if (c->mode == 1 && !__atomic_exchange_n(&c->dirty, 1, __ATOMIC_SEQ_CST)) k7_bell_ring(c->bell);
+    if (c->mode == K7_MODE_ASYNC && !__atomic_exchange_n(&c->dirty, 1, __ATOMIC_SEQ_CST)) k7_bell_ring(c->bell);
     return 0;
 }
 
@@ -491,7 +496,7 @@ int64_t k7_cursor_load(const k7_cursor *c) {
 
 int k7_cursor_sync(k7_cursor *c) {
     if (!__atomic_exchange_n(&c->dirty, 0, __ATOMIC_SEQ_CST)) return 0;
-    int rc = k7_msync(c->map, 0, 8);
+    int rc = k7_msync(c->map, 0, K7_CURSOR_SIZE);
     if (rc) { c->err = rc; __atomic_store_n(&c->dirty, 1, __ATOMIC_SEQ_CST); }
     return rc;
 }
@@ -766,3 +771,20 @@ int k7_reset(k7_inflight *f, int64_t pos) {
     int rc = store(f, pos);
     return rc ? -rc : 0;
 }
+
+/* ------------------------------------------------------------------ CPython fast paths */
+
+static const k7_api api = {
+    .api_size = sizeof(k7_api),
+    .writer_size = sizeof(k7_writer),
+    .reader_size = sizeof(k7_reader),
+    .append = k7_append,
+    .append_many = k7_append_many,
+    .frame_size = k7_frame_size,
+    .read = k7_read,
+    .track = k7_track,
+    .ack = k7_ack,
+    .ack_many = k7_ack_many,
+};
+
+const k7_api *k7_api_table(void) { return &api; }

@@ -13,10 +13,25 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define K7_HEADER 10
-#define K7_MAGIC 0x4B
+/* On-disk format (docs/format.md). k7core/_format.py takes these values from the compiled
+ * module, so this header is their one source. */
+#define K7_HEADER 10              /* frame header bytes: magic, flags, length, CRC32C */
+#define K7_MAGIC 0x4B             /* 'K' */
 #define K7_FLAG_COMMITTED 0x01
-#define K7_MAX_LEN 2147483647LL
+#define K7_ALIGN 8                /* frames are zero-padded to a multiple of this */
+#define K7_MAX_LEN 2147483647LL   /* the largest payload: the length field is a BE int32 */
+#define K7_MAX_OFFSET INT64_MAX   /* offsets are int64 (cursor files, the kernel) */
+/* k7 on the JVM maps a segment as one MappedByteBuffer (at most 2^31-1 bytes): the largest
+ * segment file that both read, a multiple of K7_ALIGN. */
+#define K7_MAX_SEGMENT 2147483640LL
+#define K7_CURSOR_FILE_SIZE 4096  /* cursor-<group>.k7 */
+#define K7_CURSOR_SIZE 8          /* its committed offset: a BE int64 at byte 0 */
+#define K7_POS_FILE_SIZE 4096     /* k7py-position: a k7_pos at byte 0 */
+
+/* durability modes (k7_writer.mode, k7_cursor.mode; k7core.Fsync) */
+#define K7_MODE_FLUSH 0
+#define K7_MODE_ASYNC 1
+#define K7_MODE_SYNC 2
 
 /* scan status */
 #define K7_SCAN_OK 0       /* stopped at max_n or at the limit */
@@ -52,8 +67,8 @@ typedef struct {
     int64_t written;     /* atomic: end of complete frames, local */
     int64_t synced;      /* flusher: end of msync'd frames, local */
     k7_pos *pub;         /* where to publish */
-    k7_bell *bell;       /* flusher wake-up (mode 1) */
-    int32_t mode;        /* 0 flush, 1 async, 2 sync */
+    k7_bell *bell;       /* flusher wake-up (K7_MODE_ASYNC) */
+    int32_t mode;        /* K7_MODE_* */
     int32_t err;         /* errno of the last failed msync */
     int64_t nsyncs;      /* msync calls made */
     int64_t max_frame;   /* batches: frames larger than this are refused up front (0: no check) */
@@ -64,9 +79,9 @@ typedef struct {
 
 /* Cursor state: one per consumer group (process-private). */
 typedef struct {
-    uint8_t *map;        /* mapped cursor file (>= 8 bytes) */
+    uint8_t *map;        /* mapped cursor file (>= K7_CURSOR_SIZE bytes) */
     k7_bell *bell;
-    int32_t mode;        /* 0 flush, 1 async, 2 sync */
+    int32_t mode;        /* K7_MODE_* */
     int32_t err;
     int32_t dirty;       /* atomic: stored but not yet msync'd */
     int32_t pad_;
@@ -145,7 +160,7 @@ uint32_t k7_bell_seq(k7_bell *b);
 void k7_bell_ring(k7_bell *b);
 int k7_bell_wait(k7_bell *b, uint32_t seen, int64_t timeout_ns);
 
-/* Cursor: store big-endian int64 at byte 0, durability per mode. */
+/* Cursor: store big-endian int64 at byte 0 (K7_CURSOR_SIZE bytes), durability per mode. */
 int k7_cursor_store(k7_cursor *c, int64_t value);
 int64_t k7_cursor_load(const k7_cursor *c);
 int k7_cursor_sync(k7_cursor *c);   /* msync if dirty; 0 or errno */
@@ -194,3 +209,21 @@ uint8_t *k7_map(int fd, int64_t len, int writable);
 int k7_unmap(uint8_t *addr, int64_t len);
 int k7_willneed(uint8_t *addr, int64_t len);
 void k7_sleep_ns(int64_t ns);
+
+/* The entry points of the CPython extension k7core._native._fast, which does not compile
+ * this kernel: k7core._kernel hands it this table (k7_api_table's address) once at import,
+ * and it refuses to work before. The sizes let it refuse a table from another build. */
+typedef struct k7_api {
+    int64_t api_size;     /* sizeof(k7_api) */
+    int64_t writer_size;  /* sizeof(k7_writer) */
+    int64_t reader_size;  /* sizeof(k7_reader) */
+    int64_t (*append)(k7_writer *w, const uint8_t *data, int64_t len);
+    int64_t (*append_many)(k7_writer *w, uint8_t **datas, const int64_t *lens, int64_t n,
+                           int64_t *out_offsets);
+    int64_t (*frame_size)(int64_t len);
+    int64_t (*read)(k7_reader *r, int64_t max_n);
+    int (*track)(k7_inflight *f, int64_t n);
+    int (*ack)(k7_inflight *f, int64_t off);
+    int64_t (*ack_many)(k7_inflight *f, const int64_t *offs, int64_t n);
+} k7_api;
+const k7_api *k7_api_table(void);

@@ -9,11 +9,11 @@ import math
 import anyio
 import anyio.lowlevel
 import pytest
-from _queuehelp import read_all
 
 import k7async
 import k7core
 from k7async._bridge import SCHEDULE_EVERY
+from tests._queuehelp import read_all
 
 pytestmark = pytest.mark.anyio
 

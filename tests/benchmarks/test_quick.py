@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests._queuehelp import ROOT
+
 KEYS = {"name", "unit", "value", "min", "max", "params"}
 UNITS = {"msg/s", "us", "MB/s", "MB", "GB", "cpu/wall", "msg/msync", "threads"}
 

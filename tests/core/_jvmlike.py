@@ -16,19 +16,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-import crc32c
-
-HEADER = 10
-
-
-def frame(payload: bytes) -> bytes:
-    body = b"K\x01" + struct.pack(">Ii", len(payload), _signed(crc32c.crc32c(payload)))
-    raw = body + payload
-    return raw + bytes(-len(raw) % 8)
-
-
-def _signed(v: int) -> int:
-    return v - (1 << 32) if v >= 1 << 31 else v
+from tests._queuehelp import HEADER, crc32c, encode_frame, frame_size, seg_bases, seg_name
 
 
 def _valid_at(buf: bytes, pos: int) -> int:
@@ -40,9 +28,9 @@ def _valid_at(buf: bytes, pos: int) -> int:
     if length <= 0 or end > len(buf):
         return 0
     (crc,) = struct.unpack_from(">I", buf, pos + 6)
-    if crc32c.crc32c(buf[pos + HEADER : end]) != crc:
+    if crc32c(buf[pos + HEADER : end]) != crc:
         return 0
-    return len(frame(buf[pos + HEADER : end]))
+    return frame_size(length)
 
 
 def _create(path: Path, size: int) -> None:
@@ -54,12 +42,12 @@ def _create(path: Path, size: int) -> None:
 def append(directory: Path, payloads: list[bytes], segment_size: int) -> list[int]:
     """Open (or create) the queue as k7 does, append ``payloads``, return their offsets."""
     directory.mkdir(parents=True, exist_ok=True)
-    bases = sorted(int(p.name[4:24]) for p in directory.glob("seg-*.k7"))
+    bases = seg_bases(directory)
     if not bases:
         bases = [0]
-        _create(directory / f"seg-{0:020d}.k7", segment_size)
+        _create(directory / seg_name(0), segment_size)
     base = bases[-1]
-    path = directory / f"seg-{base:020d}.k7"
+    path = directory / seg_name(base)
     buf = path.read_bytes()
     pos = 0
     while size := _valid_at(buf, pos):  # recovery: no zeroing of what follows
@@ -68,12 +56,12 @@ def append(directory: Path, payloads: list[bytes], segment_size: int) -> list[in
     f = open(path, "r+b")  # noqa: SIM115 - reopened at every roll
     try:
         for p in payloads:
-            fr = frame(p)
+            fr = encode_frame(p)  # the JVM writes the CRC as a signed int: same bytes
             if pos + len(fr) >= segment_size:  # k7's segment-full?
                 f.close()
                 base += pos
                 pos = 0
-                path = directory / f"seg-{base:020d}.k7"
+                path = directory / seg_name(base)
                 _create(path, segment_size)
                 f = open(path, "r+b")  # noqa: SIM115
             f.seek(pos)
@@ -87,11 +75,11 @@ def append(directory: Path, payloads: list[bytes], segment_size: int) -> list[in
 
 def roll(directory: Path, segment_size: int) -> int:
     """Start a new empty segment after the last one's frames (as k7's roll-segment!)."""
-    bases = sorted(int(p.name[4:24]) for p in directory.glob("seg-*.k7"))
+    bases = seg_bases(directory)
     base = bases[-1]
-    buf = (directory / f"seg-{base:020d}.k7").read_bytes()
+    buf = (directory / seg_name(base)).read_bytes()
     pos = 0
     while size := _valid_at(buf, pos):
         pos += size
-    _create(directory / f"seg-{base + pos:020d}.k7", segment_size)
+    _create(directory / seg_name(base + pos), segment_size)
     return base + pos

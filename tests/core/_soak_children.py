@@ -1,6 +1,7 @@
 """Child-process programs of the soak test (not a test module); see ``test_soak.py``.
 
-Run as ``python _soak_children.py <mode> <args...>``. Messages are ``_children.payload(i)``
+Run as ``python -m tests.core._soak_children <mode> <args...>`` (``tests._childproc.Child``
+with ``program=``). Messages are ``tests._queuehelp.payload(i)``
 and the log starts at offset 0 with message 0, so message ``i`` sits at
 :func:`offset_of` ``(i)`` (frames follow each other across segment ends): every process
 checks the offset and the bytes of every message it reads. Each process writes a few lines
@@ -48,9 +49,10 @@ import struct
 import sys
 import time
 
-from _children import payload
-
 import k7core
+from k7core._format import CURSOR_SIZE, decode_cursor
+from tests._children import say
+from tests._queuehelp import index_of, payload
 
 SEGMENT = 64 << 10  # a roll (and a retention pass) every ~530 messages
 RATE = 10_000  # messages per second, at most
@@ -95,10 +97,6 @@ class _Slot:
         os.pwrite(self.fd, struct.pack(f"<{len(values)}q", *values), 0)
 
 
-def _out(line: str) -> None:
-    os.write(1, line.encode() + b"\n")
-
-
 def _asked() -> list[str] | None:
     """The parent's command line, if one is waiting on stdin (EOF: the parent is gone)."""
     if not select.select([0], [], [], 0)[0]:
@@ -124,7 +122,7 @@ def _next_index(q: k7core.Queue) -> tuple[int, str]:
         off = batch.next
     if last is None:  # retention deleted every message: the end offset says how many
         return index_at(q.end), "empty"
-    i = int(last[1][1:9])
+    i = index_of(last[1])
     _check(last[0], last[1], i)
     assert q.end == offset_of(i + 1), (q.end, i)
     return i + 1, "last"
@@ -136,7 +134,7 @@ def _writer(argv: list[str]) -> None:
     slot = _Slot(slot_path)
     q = k7core.Queue(d, fsync=fsync, segment_size=SEGMENT, retention="consumed")
     i, how = _next_index(q)
-    _out(f"ready {i} {how}")
+    say(f"ready {i} {how}")
     cursors = [os.open(os.path.join(d, f), os.O_RDONLY)
                for f in sorted(os.listdir(d)) if f.startswith("cursor-")]
     assert cursors, "the parent creates the groups before the writer starts"
@@ -147,7 +145,7 @@ def _writer(argv: list[str]) -> None:
         while True:
             if _asked() is not None:
                 return True
-            low = min(struct.unpack(">q", os.pread(fd, 8, 0))[0] for fd in cursors)
+            low = min(decode_cursor(os.pread(fd, CURSOR_SIZE, 0)) for fd in cursors)
             if i - start <= (time.monotonic() - t0) * RATE and offset_of(i) - low <= LAG_CAP:
                 return False
             time.sleep(0.002)  # pacing: the readers move the cursors, the clock the rate
@@ -166,7 +164,7 @@ def _writer(argv: list[str]) -> None:
             i += n
             slot.put(i)
     q.close()
-    _out(f"done {i}")
+    say(f"done {i}")
 
 
 def _reader(argv: list[str]) -> None:
@@ -176,7 +174,7 @@ def _reader(argv: list[str]) -> None:
     q = k7core.Queue(d, readonly=True)
     g = q.consumer_group(group, cursor_fsync=cursor_fsync)
     first = i = index_at(g.committed)
-    _out(f"ready {i}")
+    say(f"ready {i}")
     target: int | None = None
     later: list[k7core.Message] = []  # acked after the next batch: out of order
     while target is None or i < target:
@@ -210,7 +208,7 @@ def _reader(argv: list[str]) -> None:
     committed = g.committed
     g.close()
     q.close()
-    _out(f"done {committed}")
+    say(f"done {committed}")
 
 
 def _tail(argv: list[str]) -> None:
@@ -220,7 +218,7 @@ def _tail(argv: list[str]) -> None:
     begin = i = int(start)
     jumps = skipped = 0
     q = k7core.Queue(d, readonly=True)
-    _out(f"ready {i}")
+    say(f"ready {i}")
     target: int | None = None
     while target is None or i < target:
         try:
@@ -243,7 +241,7 @@ def _tail(argv: list[str]) -> None:
         slot.put(begin, i, jumps, skipped)
     assert i == target, (i, target)
     q.close()
-    _out(f"done {i}")
+    say(f"done {i}")
 
 
 MODES = {"writer": _writer, "reader": _reader, "tail": _tail}

@@ -11,13 +11,7 @@ from pathlib import Path
 import pytest
 
 import k7core
-
-
-def drain(cg: k7core.ConsumerGroup) -> list[k7core.Message]:
-    out: list[k7core.Message] = []
-    while batch := cg.poll(max_batch=1000, timeout=0):
-        out.extend(batch)
-    return out
+from tests._queuehelp import drain, fill, payloads, seg_bases
 
 
 def test_public_names_are_exported() -> None:
@@ -30,19 +24,19 @@ def test_public_names_are_exported() -> None:
 
 @pytest.mark.parametrize("width", ["i", "q"])
 def test_enqueue_columnar_round_trip(tmp_path: Path, width: str) -> None:
-    payloads = [b"", b"a", b"bb" * 50, b"ccc" * 300, b"d"]
-    data = b"".join(payloads)
+    sent = [b"", b"a", b"bb" * 50, b"ccc" * 300, b"d"]
+    data = b"".join(sent)
     offs = array.array(width, [0])
-    for p in payloads:
+    for p in sent:
         offs.append(offs[-1] + len(p))
     with k7core.Queue(tmp_path / "q", fsync="flush", segment_size=1024) as q:
         got = q.enqueue_columnar(data, offs)
-        assert isinstance(got, array.array) and len(got) == len(payloads)
+        assert isinstance(got, array.array) and len(got) == len(sent)
         assert list(got) == sorted(got)
         with q.consumer_group("g") as cg:
-            msgs = drain(cg)
+            msgs = drain(cg, max_batch=1000)
         assert [m.offset for m in msgs] == list(got)
-        assert [bytes(m.payload) for m in msgs] == payloads
+        assert [bytes(m.payload) for m in msgs] == sent
 
 
 def test_enqueue_columnar_rejects_bad_offsets(tmp_path: Path) -> None:
@@ -79,7 +73,7 @@ def test_payload_view_survives_close_and_is_read_only(tmp_path: Path) -> None:
     (msg,) = cg.poll(max_batch=1, timeout=0)
     assert msg.payload.readonly
     with pytest.raises(TypeError):
-        msg.payload[0] = 0  # type: ignore[index]
+        msg.payload[0] = 0  # read-only: the view refuses the write
     q.close()  # closes the group too; must not raise although a view is held
     assert cg.closed and q.closed
     gc.collect()
@@ -107,7 +101,7 @@ def test_close_is_idempotent_and_use_after_close_raises(tmp_path: Path) -> None:
         q.consumer_group("h")
     # the locks are released: the queue and the group open again
     with k7core.Queue(tmp_path / "q") as q2, q2.consumer_group("g") as g2:
-        assert [bytes(m.payload) for m in drain(g2)] == [b"m"]
+        assert payloads(drain(g2, max_batch=1000)) == [b"m"]
 
 
 def test_no_background_thread_left(tmp_path: Path) -> None:
@@ -126,7 +120,7 @@ def test_readonly_queue_refuses_writes(tmp_path: Path) -> None:
             with pytest.raises(k7core.ReadOnlyError):
                 r.enqueue(b"x")
             with r.consumer_group("g") as cg:
-                assert [bytes(m.payload) for m in drain(cg)] == [b"one"]
+                assert payloads(drain(cg, max_batch=1000)) == [b"one"]
                 w.enqueue(b"two")
                 assert [bytes(m.payload) for m in cg.poll(timeout=1.0)] == [b"two"]
 
@@ -180,6 +174,16 @@ def test_batch_crosses_segments_in_one_poll(tmp_path: Path) -> None:
         assert len(list(tmp_path.joinpath("q").glob("seg-*.k7"))) > 3
         with q.consumer_group("g") as cg:
             assert len(cg.poll(max_batch=20, timeout=0)) == 20
+
+
+def test_one_poll_crosses_750_segments(tmp_path: Path) -> None:
+    """A large batch over many small segments (4 KiB, four 1000-byte messages each) comes
+    back whole in one poll."""
+    with k7core.Queue(tmp_path / "q", fsync="flush", segment_size=4096) as q:
+        offs = fill(q, 3000, size=1000)
+        assert len(seg_bases(q.path)) == 750
+        with q.consumer_group("g") as cg:
+            assert [m.offset for m in cg.poll(max_batch=4096, timeout=0)] == offs
 
 
 def test_clean_open_logs_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +14,7 @@ import pytest
 import k7core
 from k7core import MAX_BATCH
 from k7core._format import decode_cursor, encode_cursor
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll a condition (not a synchronisation sleep: the loop checks the real state)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.0005)
-
+from tests._queuehelp import wait_until
 
 # ---------------------------------------------------------------- options
 

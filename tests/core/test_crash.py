@@ -1,7 +1,8 @@
-"""Crash tests: real child processes killed with SIGKILL mid-stream (DESIGN.md §6).
+"""Crash tests: real child processes killed with SIGKILL mid-stream (docs/reliability.md,
+"Crashes").
 
-A writer child enqueues self-identifying messages (``_children.payload``) and reports each
-offset once ``enqueue`` returned; the parent kills it after a random number of report lines
+A writer child enqueues self-identifying messages (``tests._queuehelp.payload``) and reports
+each offset once ``enqueue`` returned; the parent kills it after a random number of report lines
 (fixed seed per test, so a failure reproduces; override with ``K7_CRASH_SEED``), reopens the
 queue as writer and reads the whole log with a consumer group. What must hold:
 
@@ -22,14 +23,14 @@ from __future__ import annotations
 import os
 import random
 import signal
-import struct
 import time
 from pathlib import Path
 
 import pytest
-from _childproc import Child, frame_size, payload
 
 import k7core
+from tests._childproc import Child
+from tests._queuehelp import drain, frame_size, payload, read_cursor
 
 STRATEGIES = ("flush", "async", "sync")
 SEED = int(os.environ.get("K7_CRASH_SEED", "7"))
@@ -37,11 +38,6 @@ SEED = int(os.environ.get("K7_CRASH_SEED", "7"))
 
 def rng_for(name: str) -> random.Random:
     return random.Random(f"{SEED}-{name}")
-
-
-def read_cursor(directory: Path, group: str) -> int:
-    with open(directory / f"cursor-{group}.k7", "rb") as f:
-        return int(struct.unpack(">q", f.read(8))[0])
 
 
 # --------------------------------------------------------------------------------------
@@ -101,21 +97,16 @@ def verify_log(qdir: Path, fsync: str, seg: int, lo: int, hi: int) -> list[int]:
     ):
         g.seek(0)
         expect = 0
-        while True:
-            batch = g.poll(max_batch=4096, timeout=0)
-            if not batch:
-                break
-            for m in batch:
-                i = len(offsets)
-                got = bytes(m.payload)
-                want = payload(i, lo, hi)
-                assert m.offset == expect, (
-                    f"message {i} at offset {m.offset}, expected {expect} (gap or reorder)"
-                )
-                assert got == want, f"message {i} at {m.offset}: {got[:24]!r} != {want[:24]!r}"
-                offsets.append(m.offset)
-                expect += frame_size(len(got))
-            g.ack_many(batch)
+        for m in drain(g, ack="batch", max_batch=4096):
+            i = len(offsets)
+            got = bytes(m.payload)
+            want = payload(i, lo, hi)
+            assert m.offset == expect, (
+                f"message {i} at offset {m.offset}, expected {expect} (gap or reorder)"
+            )
+            assert got == want, f"message {i} at {m.offset}: {got[:24]!r} != {want[:24]!r}"
+            offsets.append(m.offset)
+            expect += frame_size(len(got))
         assert q.end == expect, f"visible end {q.end} != end of the last frame {expect}"
         n = len(offsets)
         # (c) the reopened queue takes a further write, at the end, and it reads back.

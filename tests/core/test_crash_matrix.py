@@ -1,6 +1,6 @@
 """The crash matrix: queue strategy x cursor strategy x where the SIGKILL lands.
 
-One directory per combination. A ``mixed`` child (see ``_children.py``) writes with
+One directory per combination. A ``mixed`` child (see ``tests/_children.py``) writes with
 ``retention="consumed"``, enqueues, polls and acks, closes and reopens, at random, printing
 a phase marker before each step; the parent picks a phase (``enqueue``; ``roll``: an enqueue
 that starts a new segment; ``retention``: a roll that deletes the consumed segments;
@@ -27,13 +27,12 @@ from __future__ import annotations
 import os
 import random
 import signal
-import struct
 from pathlib import Path
 
 import pytest
-from _childproc import Child, frame_size, payload
 
-import k7core
+from tests._childproc import Child
+from tests._queuehelp import check_log, frame_size, payload, read_cursor
 
 STRATEGIES = ("flush", "async", "sync")
 PHASES = ("enqueue", "roll", "retention", "ack", "close")
@@ -43,39 +42,6 @@ SEGMENT = 2048  # a roll every ~20 messages
 KILLED = {"count": 0}
 
 
-def _check_log(qdir: Path, fsync: str) -> tuple[int | None, list[int], int]:
-    """Recover as the writer would. Returns the index of the first message retention left
-    (None when it left none), the offsets of the messages from there, and the end."""
-    offsets: list[int] = []
-    with k7core.Queue(qdir, fsync=fsync, segment_size=SEGMENT) as q:
-        off = earliest = q.earliest()
-        first = None
-        while True:
-            batch = q.read_columnar(off)
-            if not len(batch):
-                break
-            for k in range(len(batch)):
-                got = bytes(batch.payload(k))
-                if first is None:
-                    first = int(got[1:9])
-                i = first + len(offsets)
-                assert got == payload(i), f"message {i}: {got[:24]!r} != {payload(i)[:24]!r}"
-                offsets.append(int(batch.offsets[k]))
-            off = batch.next
-        expect = earliest
-        for k, o in enumerate(offsets):
-            # one contiguous logical log: a segment is sealed where the next frame did not
-            # fit, and the next segment's base is that position
-            assert o == expect, f"message {(first or 0) + k} at {o}, expected {expect}"
-            expect = o + frame_size(len(payload((first or 0) + k)))
-        return first, offsets, q.end
-
-
-def _read_cursor(qdir: Path) -> int:
-    with open(qdir / "cursor-g.k7", "rb") as f:
-        return int(struct.unpack(">q", f.read(8))[0])
-
-
 def _kill_once(
     qdir: Path, fsync: str, cursor: str, phase: str, k: int, seed: int, start: int
 ) -> tuple[int, int]:
@@ -83,7 +49,7 @@ def _kill_once(
     ``phase``; checks; returns the index of the first message retention left and the index
     after the last message (the next child's ``start``)."""
     ctx = f"[seed={SEED} {fsync}/{cursor} phase={phase} k={k}]"
-    before = _read_cursor(qdir) if (qdir / "cursor-g.k7").exists() else 0
+    before = read_cursor(qdir, "g") if (qdir / "cursor-g.k7").exists() else 0
     with Child("mixed", str(qdir), fsync, cursor, str(SEGMENT), str(seed), str(start)) as child:
         ready = child.line().split()
         assert ready[0] == b"ready" and int(ready[2]) == before, f"{ctx} resumed at {ready}"
@@ -97,7 +63,7 @@ def _kill_once(
         lines += child.kill_and_drain()
         assert child.proc.returncode == -signal.SIGKILL, child.stderr()
     KILLED["count"] += 1
-    found, offsets, end = _check_log(qdir, fsync)
+    found, offsets, end = check_log(qdir, fsync=fsync, segment_size=SEGMENT)
     earliest = offsets[0] if offsets else end
     reported = [int(ln.split()[1]) for ln in lines if ln.startswith(b"E ")]
     # an empty log: every message was reported, consumed and deleted (an unreported write
@@ -125,7 +91,7 @@ def _kill_once(
         elif kind == b"A":
             assert started is not None and int(rest[0]) == started[0], f"{ctx} {ln!r}"
             acked = started
-    committed = _read_cursor(qdir)
+    committed = read_cursor(qdir, "g")
     boundaries = {earliest, end, *offsets}
     assert committed in boundaries, f"{ctx} cursor {committed} not a frame boundary of the log"
     if started is not None:

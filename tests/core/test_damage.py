@@ -6,36 +6,28 @@ library deliver a wrong payload, and ``seek`` recovers a group."""
 from __future__ import annotations
 
 import os
-import struct
 from pathlib import Path
 
 import pytest
 
 import k7core
+from k7core._format import encode_cursor
+from tests._queuehelp import drain, message, payloads, seg_name, write_cursor, write_queue
 
 SEGMENT = 256
 
 
-def _fill(qdir: Path, n: int = 30) -> list[int]:
-    with k7core.Queue(qdir, segment_size=SEGMENT) as q:
-        return q.enqueue_many([_msg(i) for i in range(n)])
-
-
 def _msg(i: int) -> bytes:
-    return b"m%03d" % i + b"." * 40
+    return message(i, 44)
 
 
-def _set_cursor(qdir: Path, group: str, value: int) -> None:
-    with open(qdir / f"cursor-{group}.k7", "r+b") as f:
-        f.write(struct.pack(">q", value))
+def _fill(qdir: Path, n: int = 30) -> list[int]:
+    return write_queue(qdir, [_msg(i) for i in range(n)], segment_size=SEGMENT, fsync="async",
+                       batch=True)
 
 
 def _drain(g: k7core.ConsumerGroup) -> list[bytes]:
-    out: list[bytes] = []
-    while batch := g.poll(max_batch=100, timeout=0):
-        out += [bytes(m.payload) for m in batch]
-        g.ack_many(batch)
-    return out
+    return payloads(drain(g, ack="batch", max_batch=100))
 
 
 @pytest.mark.parametrize("readonly", [False, True])
@@ -49,7 +41,7 @@ def test_cursor_outside_the_log_or_inside_a_frame(
         g.seek(offs[5])
         end = q.end
     bad = {"beyond": end + 4096, "negative": -8, "inside": offs[5] + 4}[where]
-    _set_cursor(qdir, "g", bad)
+    write_cursor(qdir, "g", bad)
     with k7core.Queue(qdir, segment_size=SEGMENT, readonly=readonly) as q:
         g = q.consumer_group("g")
         for _ in range(2):  # reported on every poll until a seek, and nothing delivered
@@ -93,7 +85,7 @@ def test_missing_segment_in_the_middle(tmp_path: Path) -> None:
     with k7core.Queue(qdir, segment_size=SEGMENT) as q:
         bases = [s.base for s in q.stats().segments]
     missing, after = bases[2], bases[3]
-    os.unlink(qdir / f"seg-{missing:020d}.k7")
+    os.unlink(qdir / seg_name(missing))
     for readonly in (False, True):
         with k7core.Queue(qdir, segment_size=SEGMENT, readonly=readonly) as q:
             with q.consumer_group("g") as g:
@@ -142,7 +134,7 @@ def test_foreign_files_are_ignored(tmp_path: Path) -> None:
 
 
 def _seg(qdir: Path, base: int) -> Path:
-    return qdir / f"seg-{base:020d}.k7"
+    return qdir / seg_name(base)
 
 
 @pytest.mark.parametrize("damage", ["deleted", "truncated", "replaced"])
@@ -254,7 +246,7 @@ def test_cursor_replaced_under_an_open_group(tmp_path: Path) -> None:
         g = q.consumer_group("g")
         g.ack_many(g.poll(max_batch=5, timeout=0))
         other = qdir / "other"
-        other.write_bytes(struct.pack(">q", offs[2]))
+        other.write_bytes(encode_cursor(offs[2]))
         os.replace(other, qdir / "cursor-g.k7")
         with pytest.raises(k7core.StorageError, match="replaced") as info:
             g.close()

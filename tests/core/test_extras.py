@@ -6,12 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests._queuehelp import ROOT
 
 # A module set to None in sys.modules is how Python itself reports it as not installed
 # (the import raises ModuleNotFoundError): the real import machinery, one module taken away.

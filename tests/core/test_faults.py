@@ -14,16 +14,7 @@ import pytest
 
 import k7core
 from k7core._faults import inject
-
-
-def _payloads(qdir: Path) -> list[bytes]:
-    out: list[bytes] = []
-    with k7core.Queue(qdir, readonly=True) as q:
-        off = q.earliest()
-        while len(batch := q.read_columnar(off)):
-            out += [bytes(batch.payload(i)) for i in range(len(batch))]
-            off = batch.next
-    return out
+from tests._queuehelp import read_dir
 
 
 def test_eio_from_msync_reaches_a_sync_writer_and_loses_nothing_reported(
@@ -45,7 +36,7 @@ def test_eio_from_msync_reaches_a_sync_writer_and_loses_nothing_reported(
         q.enqueue(b"after")
         assert [bytes(m.payload) for m in g.poll(max_batch=10, timeout=0)] == [b"after"]
     q.close()
-    assert _payloads(qdir) == [b"durable", b"after"]
+    assert read_dir(qdir) == [b"durable", b"after"]
 
 
 def test_eio_from_msync_reaches_an_async_writer(tmp_path: Path) -> None:
@@ -63,7 +54,7 @@ def test_eio_from_msync_reaches_an_async_writer(tmp_path: Path) -> None:
     with pytest.raises(k7core.StorageError, match="final msync"):
         q.close()
     assert q.closed
-    assert _payloads(qdir)[0] == b"one" and b"three" not in _payloads(qdir)
+    assert read_dir(qdir)[0] == b"one" and b"three" not in read_dir(qdir)
 
 
 def test_eio_from_a_sync_cursor_reaches_ack(tmp_path: Path) -> None:
@@ -97,7 +88,7 @@ def test_full_disk_at_preallocation(tmp_path: Path) -> None:
         assert got[:3] == [b"x" * 1000] * 3 and set(got[3:]) <= {b"y" * 1000}
         more = q.enqueue_many([b"z" * 1000] * 3)  # space is back: writes go on
         assert more[0] > offs[-1]
-    assert _payloads(qdir) == got + [b"z" * 1000] * 3
+    assert read_dir(qdir) == got + [b"z" * 1000] * 3
 
 
 def test_full_disk_at_cursor_creation(tmp_path: Path) -> None:
@@ -138,4 +129,4 @@ def test_eio_from_fsync_when_a_durable_queue_creates_files(tmp_path: Path) -> No
         assert q.enqueue(b"y" * 1000) > done[-1]  # the roll works again
         with q.consumer_group("g", cursor_fsync="sync") as g:
             got = [bytes(m.payload) for m in g.poll(max_batch=10, timeout=0)]
-    assert got == _payloads(qdir) == [b"x" * 1000] * 4 + [b"y" * 1000]
+    assert got == read_dir(qdir) == [b"x" * 1000] * 4 + [b"y" * 1000]

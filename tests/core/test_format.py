@@ -1,8 +1,9 @@
-"""The on-disk format (DESIGN.md §2), checked by an independent decoder.
+"""The on-disk format (docs/format.md), checked by an independent decoder.
 
-A queue is written through k7core, closed, and the directory is then decoded here with
-nothing but ``os``, ``struct`` and the ``crc32c`` PyPI package: no k7core code (not its CRC,
-not its constants, not its segment-name helper) takes part in the decoding. What the
+A queue is written through k7core, closed, and the directory is then decoded here (with the
+format helpers of ``tests/_queuehelp.py``) with nothing but ``os``, ``struct`` and the
+``crc32c`` PyPI package: no k7core code (not its CRC, not its constants, not its segment-name
+helper) takes part in the decoding. What the
 decoder checks:
 
 - segment files are named ``seg-%020d.k7`` after their base offset; the first base is 0 and
@@ -25,35 +26,26 @@ import re
 import struct
 from pathlib import Path
 
-import crc32c as crc32c_pkg
 import pytest
 
 import k7core
+from tests._queuehelp import (
+    ALIGN,
+    FLAG_COMMITTED,
+    HEADER,
+    MAGIC,
+    SEG_RE,
+    crc32c,
+    encode_frame,
+    frame_size,
+    replay,
+    seg_bases,
+    seg_name,
+)
 
-# Independent constants (deliberately not imported from k7core).
-MAGIC = 0x4B
-FLAG_COMMITTED = 0x01
-HEADER = 10
-ALIGN = 8
 CURSOR_SIZE = 4096
-SEG_RE = re.compile(r"^seg-(\d{20})\.k7$")
 CURSOR_RE = re.compile(r"^cursor-(.+)\.k7$")
 SEGMENT_SIZE = 4096
-
-
-def crc(data: bytes) -> int:
-    return crc32c_pkg.crc32c(data)
-
-
-def fsize(length: int) -> int:
-    return (HEADER + length + ALIGN - 1) // ALIGN * ALIGN
-
-
-def encode_frame(payload: bytes) -> bytes:
-    """Hand-encode one frame exactly as DESIGN.md §2 describes it."""
-    raw = bytes([MAGIC, FLAG_COMMITTED]) + struct.pack(">II", len(payload), crc(payload))
-    raw += payload
-    return raw + bytes(fsize(len(payload)) - len(raw))
 
 
 class Decoded:
@@ -76,8 +68,8 @@ def decode_segment(data: bytes, base: int, frames: list[tuple[int, bytes]]) -> i
         assert length < 2**31, f"length {length} out of range at {base + pos}"
         assert pos + HEADER + length <= len(data), f"frame at {base + pos} overruns its segment"
         payload = data[pos + HEADER : pos + HEADER + length]
-        assert crc(payload) == want_crc, f"CRC32C mismatch at {base + pos}"
-        size = fsize(length)
+        assert crc32c(payload) == want_crc, f"CRC32C mismatch at {base + pos}"
+        size = frame_size(length)
         assert pos + size <= len(data), f"padding of frame at {base + pos} overruns the file"
         pad = data[pos + HEADER + length : pos + size]
         assert pad == bytes(len(pad)), f"non-zero padding after frame at {base + pos}"
@@ -106,7 +98,7 @@ def decode_queue(d: Path) -> Decoded:
     segs.sort()
     expected_base = 0
     for i, (base, name) in enumerate(segs):
-        assert name == f"seg-{base:020d}.k7"
+        assert name == seg_name(base)
         assert base == expected_base, f"{name}: base {base}, expected {expected_base}"
         data = (d / name).read_bytes()
         first = len(out.frames)
@@ -116,32 +108,31 @@ def decode_queue(d: Path) -> Decoded:
             # the previous segment was sealed because this segment's first frame did not fit
             _, _, prev_sealed, prev_size = out.segments[-1]
             assert len(out.frames) > first, f"sealed segment before {name} followed by nothing"
-            assert fsize(len(out.frames[first][1])) > prev_size - prev_sealed
+            assert frame_size(len(out.frames[first][1])) > prev_size - prev_sealed
         out.segments.append((base, name, sealed, len(data)))
         expected_base = base + sealed
     return out
 
 
+def test_format_module_states_this_format() -> None:
+    """k7core's one source of the format's numbers (``_format``, fed from ``k7.h``) says what
+    this decoder reads."""
+    from k7core import _format
+
+    assert (_format.FRAME_MAGIC, _format.FRAME_FLAG_COMMITTED) == (MAGIC, FLAG_COMMITTED)
+    assert (_format.FRAME_HEADER, _format.FRAME_ALIGN) == (HEADER, ALIGN)
+    assert _format.CURSOR_FILE_SIZE == CURSOR_SIZE
+    assert _format.encode_cursor(-2) == struct.pack(">q", -2)
+    assert _format.encode_frame_header(5, 7) == bytes([MAGIC, FLAG_COMMITTED]) + struct.pack(
+        ">II", 5, 7
+    )
+    assert all(_format.frame_size(n) == frame_size(n) for n in range(64))
+
+
 def test_decoder_crc_is_crc32c() -> None:
     """The decoder's CRC is CRC32C (Castagnoli), standard check value."""
-    assert crc(b"123456789") == 0xE3069283
-    assert crc(b"") == 0
-
-
-def _segment_bases(d: Path) -> list[int]:
-    return sorted(int(m.group(1)) for n in os.listdir(d) if (m := SEG_RE.match(n)))
-
-
-def _read_all(q: k7core.Queue, group: str = "format-check") -> list[tuple[int, bytes]]:
-    out: list[tuple[int, bytes]] = []
-    with q.consumer_group(group) as g:
-        g.seek(0)
-        for _ in range(100_000):
-            batch = g.poll(max_batch=512, timeout=0)
-            if not batch and g.position >= q.end:
-                break
-            out.extend((m.offset, bytes(m.payload)) for m in batch)
-    return out
+    assert crc32c(b"123456789") == 0xE3069283
+    assert crc32c(b"") == 0
 
 
 @pytest.mark.parametrize("fsync", ["flush", "async", "sync"])
@@ -166,25 +157,25 @@ def test_segments_frames_and_cursors_decode_independently(tmp_path: Path, fsync:
 
         # a frame that exactly fills the rest of the current segment (twice, in two segments)
         for _ in range(2):
-            next_off = written[-1][0] + fsize(len(written[-1][1]))
-            rest = SEGMENT_SIZE - (next_off - _segment_bases(d)[-1])
+            next_off = written[-1][0] + frame_size(len(written[-1][1]))
+            rest = SEGMENT_SIZE - (next_off - seg_bases(d)[-1])
             if rest < HEADER + 6:  # nothing but an empty frame fits: start a new segment
                 put(rng.randbytes(100))
-                next_off = written[-1][0] + fsize(100)
-                rest = SEGMENT_SIZE - (next_off - _segment_bases(d)[-1])
-            seg_before = _segment_bases(d)[-1]
+                next_off = written[-1][0] + frame_size(100)
+                rest = SEGMENT_SIZE - (next_off - seg_bases(d)[-1])
+            seg_before = seg_bases(d)[-1]
             off = put(rng.randbytes(rest - HEADER))
             assert off == next_off, "a frame that exactly fits must not roll"
-            assert _segment_bases(d)[-1] == seg_before
+            assert seg_bases(d)[-1] == seg_before
             exact_fill_offsets.append(off)
             after = put(rng.randbytes(50))
             assert after == seg_before + SEGMENT_SIZE, "the segment was sealed when full"
-            assert _segment_bases(d)[-1] == after
+            assert seg_bases(d)[-1] == after
 
         # a frame exactly the size of an empty segment: gets a segment of its own
         off = put(rng.randbytes(SEGMENT_SIZE - HEADER))
         whole_segment_offsets.append(off)
-        assert _segment_bases(d)[-1] == off
+        assert seg_bases(d)[-1] == off
         after = put(b"after a full segment")
         assert after == off + SEGMENT_SIZE
         for _ in range(10):
@@ -205,7 +196,7 @@ def test_segments_frames_and_cursors_decode_independently(tmp_path: Path, fsync:
             analytics_committed = g.committed
         with q.consumer_group("idle", cursor_fsync="async"):
             pass
-        assert _read_all(q) == written
+        assert replay(q, "format-check", max_batch=512) == written
 
     assert workers_committed == offsets[17]
     assert analytics_committed == offsets[30]
@@ -220,7 +211,7 @@ def test_segments_frames_and_cursors_decode_independently(tmp_path: Path, fsync:
     for off in exact_fill_offsets + whole_segment_offsets:
         seg = max(b for b in sealed_at if b <= off)
         assert sealed_at[seg] == SEGMENT_SIZE
-        assert off - seg + fsize(len(dict(written)[off])) == SEGMENT_SIZE
+        assert off - seg + frame_size(len(dict(written)[off])) == SEGMENT_SIZE
     assert dec.cursors == {
         "workers": offsets[17],
         "analytics": offsets[30],
@@ -245,11 +236,11 @@ def test_empty_payloads_decode_independently(tmp_path: Path) -> None:
     assert raw[empty_off : empty_off + 16] == b"\x4b\x01" + bytes(14)
     assert encode_frame(b"") == b"\x4b\x01" + bytes(14)
     # recovery does not mistake a trailing empty frame for the end of the log
-    end = written[-1][0] + fsize(0)
+    end = written[-1][0] + frame_size(0)
     with k7core.Queue(d, segment_size=SEGMENT_SIZE, fsync="flush") as q:
         assert q.end == end
         assert q.enqueue(b"next") == end
-        assert _read_all(q) == [*written, (end, b"next")]
+        assert replay(q, "format-check", max_batch=512) == [*written, (end, b"next")]
     assert decode_queue(d).frames == [*written, (end, b"next")]
 
 
@@ -280,8 +271,8 @@ def test_frame_bytes_equal_hand_encoding(tmp_path: Path, method: str) -> None:
             for p in payloads:
                 bounds.append(bounds[-1] + len(p))
             offsets = list(q.enqueue_columnar(data, bounds))
-    bases = _segment_bases(d)
-    files = {b: (d / f"seg-{b:020d}.k7").read_bytes() for b in bases}
+    bases = seg_bases(d)
+    files = {b: (d / seg_name(b)).read_bytes() for b in bases}
     for off, p in zip(offsets, payloads, strict=True):
         base = max(b for b in bases if b <= off)
         local = off - base
@@ -299,10 +290,10 @@ def test_extra_files_use_names_k7_ignores(tmp_path: Path) -> None:
         offs = [q.enqueue(b"m%d" % i * 40) for i in range(200)]
         with q.consumer_group("g1") as g:
             g.seek(offs[5])
-    last = _segment_bases(d)[-1]
-    path = d / f"seg-{last:020d}.k7"
+    last = seg_bases(d)[-1]
+    path = d / seg_name(last)
     raw = bytearray(path.read_bytes())
-    tail = offs[-1] - last + fsize(len(b"m199" * 40))
+    tail = offs[-1] - last + frame_size(len(b"m199" * 40))
     raw[tail + 100 : tail + 108] = b"garbage!"  # a torn tail to be cut and kept aside
     path.write_bytes(bytes(raw))
 

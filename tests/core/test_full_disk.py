@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import k7core
+from tests._queuehelp import drain, message, read_records, records, seg_files
 
 SEGMENT = 64 << 10
 
@@ -82,10 +83,6 @@ def _fill_disk(mnt: Path, leave: int) -> Path:
     raise AssertionError(f"could not fill {mnt}")
 
 
-def _msg(i: int, size: int) -> bytes:
-    return (b"%08d:" % i) + bytes([65 + i % 26]) * (size - 9)
-
-
 class Log:
     """What the writer returned: offsets strictly increasing, each with its payload."""
 
@@ -105,21 +102,11 @@ class Log:
         return True
 
 
-def _segment_files(qdir: Path) -> list[str]:
-    return sorted(p.name for p in qdir.iterdir() if p.name.startswith("seg-"))
-
-
 def _drain(g: k7core.ConsumerGroup, q: k7core.Queue) -> list[tuple[int, bytes]]:
     q.sync()  # "async": what was enqueued becomes visible now
-    got: list[tuple[int, bytes]] = []
-    for _ in range(100_000):
-        batch = g.poll(max_batch=256, timeout=0)
-        if not batch:
-            assert g.position >= q.end, f"group stuck at {g.position} below end {q.end}"
-            return got
-        got += [(m.offset, bytes(m.payload)) for m in batch]
-        g.ack_many(batch)
-    raise AssertionError("drain did not end")
+    got = records(drain(g, ack="batch"))
+    assert g.position >= q.end, f"group stuck at {g.position} below end {q.end}"
+    return got
 
 
 @pytest.mark.parametrize("fsync", ["flush", "sync", "async"])
@@ -133,29 +120,29 @@ def test_rolls_on_a_full_disk_lose_nothing(small_fs: Path, fsync: str) -> None:
         i = 0
         # big messages until rolls fail, then small ones that still fit the segment
         while log.failed < 3:
-            log.put(q, _msg(i, 3000))
+            log.put(q, message(i, 3000))
             i += 1
         small = 0
-        while log.put(q, _msg(i, 100)):
+        while log.put(q, message(i, 100)):
             i += 1
             small += 1
         assert small > 10, "nothing was written after the failed rolls"
         consumed += _drain(g, q)
-        files = _segment_files(qdir)
+        files = seg_files(qdir)
     assert not any(p.name.startswith("k7py-spare") for p in qdir.iterdir())
     # reopen, still full: the writer goes on after the last returned offset
     with k7core.Queue(qdir, **opts) as q, q.consumer_group("g") as g:  # type: ignore[arg-type]
-        assert _segment_files(qdir) == files
+        assert seg_files(qdir) == files
         assert q.end == log.sent[-1][0] + k7core.frame_size(100)
         for _ in range(5):
-            log.put(q, _msg(i, 10))
+            log.put(q, message(i, 10))
             i += 1
         consumed += _drain(g, q)
     # space comes back: rolls succeed, retention deletes what the group consumed
     filler.unlink()
     with k7core.Queue(qdir, **opts) as q, q.consumer_group("g") as g:  # type: ignore[arg-type]
         for _ in range(200):
-            assert log.put(q, _msg(i, 1500))
+            assert log.put(q, message(i, 1500))
             i += 1
             if i % 50 == 0:
                 consumed += _drain(g, q)
@@ -167,12 +154,7 @@ def test_rolls_on_a_full_disk_lose_nothing(small_fs: Path, fsync: str) -> None:
     assert consumed == log.sent, "the acking group did not get every returned message once"
     assert audited == [(o, p) for o, p in log.sent if o >= earliest]
     with k7core.Queue(qdir, readonly=True) as q:
-        batch = q.read_columnar(earliest, 1 << 16)
-        n = len(batch)
-        while len(batch):
-            batch = q.read_columnar(batch.next, 1 << 16)
-            n += len(batch)
-        assert n == len(audited)
+        assert len(read_records(q, earliest)) == len(audited)
 
 
 def test_spare_segments_on_a_full_disk(small_fs: Path) -> None:
@@ -185,19 +167,14 @@ def test_spare_segments_on_a_full_disk(small_fs: Path) -> None:
         _fill_disk(small_fs, seg // 2)
         i = 0
         while log.failed < 2:
-            log.put(q, _msg(i, 60_000))
+            log.put(q, message(i, 60_000))
             i += 1
-        while log.put(q, _msg(i, 100)):
+        while log.put(q, message(i, 100)):
             i += 1
     names = sorted(p.name for p in qdir.iterdir())
     assert not any("spare" in n for n in names), names
     with k7core.Queue(qdir, segment_size=seg, fsync="flush") as q:
-        batch = q.read_columnar(0, 1 << 16)
-        got = []
-        while len(batch):
-            got += [(batch.offsets[j], bytes(batch.payload(j))) for j in range(len(batch))]
-            batch = q.read_columnar(batch.next, 1 << 16)
-        assert got == log.sent
+        assert read_records(q) == log.sent
 
 
 def test_first_segment_that_does_not_fit_leaves_nothing(small_fs: Path) -> None:
@@ -206,7 +183,7 @@ def test_first_segment_that_does_not_fit_leaves_nothing(small_fs: Path) -> None:
     with pytest.raises(k7core.StorageError, match="preallocate") as info:
         k7core.Queue(qdir, segment_size=64 << 20)
     assert info.value.errno == errno.ENOSPC
-    assert _segment_files(qdir) == []
+    assert seg_files(qdir) == []
     assert shutil.disk_usage(small_fs).used <= before + (64 << 10)  # the small files only
     with k7core.Queue(qdir, segment_size=SEGMENT) as q:  # a smaller one fits
         assert q.enqueue(b"x") == 0
@@ -225,8 +202,8 @@ def test_stray_last_segment_from_a_failed_roll_is_not_taken_as_the_end(tmp_path:
     went on in the segment before it past ``B``. The next open must not restart at ``B``."""
     qdir = tmp_path / "q"
     with k7core.Queue(qdir, segment_size=4096, fsync="flush") as q:
-        offs = q.enqueue_many([_msg(i, 100) for i in range(20)])
-    assert _segment_files(qdir) == ["seg-00000000000000000000.k7"]
+        offs = q.enqueue_many([message(i, 100) for i in range(20)])
+    assert seg_files(qdir) == ["seg-00000000000000000000.k7"]
     stray = offs[10]
     with open(qdir / f"seg-{stray:020d}.k7", "wb") as f:
         f.truncate(4096)  # what a half-done creation leaves: zeros
@@ -236,7 +213,7 @@ def test_stray_last_segment_from_a_failed_roll_is_not_taken_as_the_end(tmp_path:
         assert nxt == q.end - k7core.frame_size(5) and nxt > offs[-1]
         events = [e.kind for e in q.stats().recovery_events]
         assert "stray-segment-removed" in events
-    assert _segment_files(qdir) == ["seg-00000000000000000000.k7"]
+    assert seg_files(qdir) == ["seg-00000000000000000000.k7"]
     with k7core.Queue(qdir, readonly=True) as q, q.consumer_group("g") as g:
         got = [m.offset for m in g.poll(max_batch=100, timeout=0)]
         assert got == [*offs, nxt]

@@ -1,4 +1,5 @@
-"""A queue written by the real k7 (the JVM library) opens and reads here (DESIGN.md §2).
+"""A queue written by the real k7 (the JVM library) opens and reads here
+(docs/format.md#compatibility-with-k7).
 
 The fixture (``../shared/fixtures/k7-jvm/basic``, see its ``manifest.json``) holds 3,000
 messages in four 64 KiB segments written with ``:sync``; group ``workers`` acked exactly the
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 import k7core
+from tests._queuehelp import drain_to_end, replay, seg_bases, seg_files
 
 SEGMENT_SIZE = 65536
 
@@ -29,25 +31,6 @@ def _open(d: Path, mode: str) -> k7core.Queue:
     if mode == "readonly":
         return k7core.Queue(d, readonly=True)
     return k7core.Queue(d, segment_size=SEGMENT_SIZE, fsync="flush")
-
-
-def _drain(
-    g: k7core.ConsumerGroup, q: k7core.Queue, limit: int = 100_000
-) -> list[tuple[int, bytes]]:
-    out: list[tuple[int, bytes]] = []
-    for _ in range(limit):
-        batch = g.poll(max_batch=500, timeout=0)
-        if not batch and g.position >= q.end:
-            return out
-        out.extend((m.offset, bytes(m.payload)) for m in batch)
-    raise AssertionError("the group never reached the end of the log")
-
-
-def _read_all(q: k7core.Queue, group: str = "verify") -> list[tuple[int, bytes]]:
-    with q.consumer_group(group) as g:
-        g.seek(0)
-        assert g.committed == 0
-        return _drain(g, q)
 
 
 def _expected(manifest: dict[str, Any]) -> list[tuple[int, bytes]]:
@@ -64,7 +47,7 @@ def test_manifest_is_what_the_tests_assume(jvm_basic: tuple[Path, dict[str, Any]
     assert manifest["message_count"] == 3000 == len(manifest["messages"])
     assert manifest["segment_size"] == SEGMENT_SIZE
     assert [p for _, p in _expected(manifest)] == [_payload(i) for i in range(3000)]
-    names = sorted(n for n in os.listdir(d) if n.startswith("seg-"))
+    names = seg_files(d)
     assert names == [s["file"] for s in manifest["segments"]]
     assert not any(n.startswith("k7py-") for n in os.listdir(d))  # no position file: JVM-made
 
@@ -74,7 +57,7 @@ def test_every_message_reads_back(jvm_basic: tuple[Path, dict[str, Any]], mode: 
     d, manifest = jvm_basic
     with _open(d, mode) as q:
         assert q.end == _log_end(manifest)
-        got = _read_all(q)
+        got = replay(q, max_batch=500)
     assert len(got) == 3000
     assert got == _expected(manifest)
 
@@ -92,7 +75,7 @@ def test_groups_resume_from_their_jvm_cursors(
             with q.consumer_group(name) as g:
                 assert g.committed == committed
                 assert g.position == committed
-                got = _drain(g, q)
+                got = drain_to_end(g, q, max_batch=500)
                 assert len(got) == check["delivered_count"]
                 assert got[0][0] == check["first_offset"]
                 first = check["first_message_index"]
@@ -126,8 +109,8 @@ def test_enqueue_continues_after_jvm_data(jvm_basic: tuple[Path, dict[str, Any]]
         offs = [q.enqueue(p) for p in new]
         assert offs[0] == end
         assert offs == sorted(offs) and all(o % 8 == 0 for o in offs)
-        got = _read_all(q)
-    bases = sorted(int(n[4:24]) for n in os.listdir(d) if n.startswith("seg-"))
+        got = replay(q, max_batch=500)
+    bases = seg_bases(d)
     assert len(bases) > len(manifest["segments"]), "the new messages should roll a segment"
     assert bases[: len(manifest["segments"])] == [s["base_offset"] for s in manifest["segments"]]
     want = [*_expected(manifest), *zip(offs, new, strict=True)]
@@ -137,10 +120,10 @@ def test_enqueue_continues_after_jvm_data(jvm_basic: tuple[Path, dict[str, Any]]
     for mode in ("readonly", "writer"):
         with _open(d, mode) as q:
             assert q.end == offs[-1] + ((10 + len(new[-1]) + 7) & ~7)
-            assert _read_all(q, "verify-" + mode) == want
+            assert replay(q, "verify-" + mode, max_batch=500) == want
             with q.consumer_group("workers") as g:
                 assert g.committed == manifest["groups"]["workers"]["committed_offset"]
-                assert _drain(g, q) == want[1000:]
+                assert drain_to_end(g, q, max_batch=500) == want[1000:]
 
 
 def test_clean_fixture_logs_no_torn_tail(
@@ -150,9 +133,9 @@ def test_clean_fixture_logs_no_torn_tail(
     before = {n: (d / n).read_bytes() for n in os.listdir(d) if n.startswith("seg-")}
     with caplog.at_level(logging.DEBUG, logger="k7core"):
         with _open(d, "writer") as q:
-            assert len(_read_all(q)) == 3000
+            assert len(replay(q, max_batch=500)) == 3000
         with _open(d, "readonly") as q:
-            assert len(_read_all(q)) == 3000
+            assert len(replay(q, max_batch=500)) == 3000
     problems = [
         r for r in caplog.records if r.name.startswith("k7core") and r.levelno >= logging.WARNING
     ]

@@ -1,7 +1,9 @@
 """Port of k7's own test suite (mpenet/k7, ``test/com/s_exp/k7_test.clj``) to k7core.
 
 Every k7 ``deftest`` has a counterpart here, named after it in the docstring. Where this
-project deliberately differs from k7 (DESIGN.md), the test follows DESIGN.md and says so:
+project deliberately differs from k7 (docs/format.md#differences-from-k7 and
+docs/durability.md#delivery-semantics-of-consumer-groups), the test follows this project
+and says so:
 
 - ``nack`` redelivers only the nacked message, first, on a later poll (k7 rewinds the read
   head and so redelivers everything after it too);
@@ -10,8 +12,8 @@ project deliberately differs from k7 (DESIGN.md), the test follows DESIGN.md and
 - the corrupted-payload test corrupts a closed queue's segment file and reopens it (k7 flips
   a byte through the live mmap); the cut tail is reported as a WARNING on logger ``k7core``.
 
-The second half tests the error API (DESIGN.md §4): QueueLockedError, GroupBusyError,
-InvalidNameError, TypeError on non-bytes, ClosedError, MessageTooLargeError,
+The second half tests the error API (docs/concurrency.md#errors): QueueLockedError,
+GroupBusyError, InvalidNameError, TypeError on non-bytes, ClosedError, MessageTooLargeError,
 CorruptFrameError.
 
 Synchronisation never relies on sleeps: a reader waits with ``poll(timeout=...)``, which
@@ -24,17 +26,25 @@ import itertools
 import logging
 import os
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import k7core
+from tests._queuehelp import (
+    HEADER,
+    crc32c,
+    drain,
+    file_contents,
+    frame_size,
+    run_python,
+    segments,
+    stored_cursor,
+)
 
 STRATEGIES = ("async", "flush", "sync")
-HEADER = 10  # magic(1) + flags(1) + length(4) + crc(4)
 SMALL_SEGMENT = 64 * 1024
 # Generous upper bound for "wait until visible" polls; poll returns as soon as data arrives.
 WAIT = 5.0
@@ -45,34 +55,6 @@ WAIT = 5.0
 # --------------------------------------------------------------------------------------
 
 
-def _crc32c_table() -> list[int]:
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_CRC_TABLE = _crc32c_table()
-
-
-def crc32c(data: bytes) -> int:
-    crc = 0xFFFFFFFF
-    for b in data:
-        crc = _CRC_TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-assert crc32c(b"123456789") == 0xE3069283  # the standard CRC-32C check value
-
-
-def frame_size(n: int) -> int:
-    """Size on disk of a frame carrying an n-byte payload (header + payload, 8-aligned)."""
-    return (HEADER + n + 7) & ~7
-
-
 def qdir(tmp_path: Path) -> str:
     return str(tmp_path / "q")
 
@@ -80,39 +62,11 @@ def qdir(tmp_path: Path) -> str:
 SEG = 1 << 20  # default segment size for these tests (k7's 256 MiB is kept in two tests)
 
 
-def Q(path, **kw) -> k7core.Queue:
+def Q(path: str | os.PathLike[str], **kw: Any) -> k7core.Queue:
     """Open a queue with a 1 MiB segment size unless told otherwise."""
     if not kw.get("readonly"):
         kw.setdefault("segment_size", SEG)
     return k7core.Queue(path, **kw)
-
-
-def read_cursor(directory: str, group: str) -> int:
-    """The committed offset as stored on disk: BE int64 at byte 0 of cursor-<group>.k7."""
-    with open(os.path.join(directory, f"cursor-{group}.k7"), "rb") as f:
-        return struct.unpack(">q", f.read(8))[0]
-
-
-def segment_files(directory: str) -> list[tuple[int, str]]:
-    """(base offset, path) of every segment, sorted by base."""
-    out = []
-    for name in os.listdir(directory):
-        if name.startswith("seg-") and name.endswith(".k7"):
-            digits = name[len("seg-") : -len(".k7")]
-            assert len(digits) == 20 and digits.isdigit(), name
-            out.append((int(digits), os.path.join(directory, name)))
-    return sorted(out)
-
-
-def snapshot(directory: str) -> dict[str, bytes]:
-    """Every file in the queue directory with its full content."""
-    out = {}
-    for name in sorted(os.listdir(directory)):
-        p = os.path.join(directory, name)
-        if os.path.isfile(p):
-            with open(p, "rb") as f:
-                out[name] = f.read()
-    return out
 
 
 def poll_all(cg: k7core.ConsumerGroup, max_batch: int = 256, timeout: float = 0.02) -> list[bytes]:
@@ -124,9 +78,11 @@ def poll_all(cg: k7core.ConsumerGroup, max_batch: int = 256, timeout: float = 0.
     return out
 
 
-def poll_n(cg: k7core.ConsumerGroup, n: int, *, ack: bool = True, wait: float = WAIT) -> list:
+def poll_n(
+    cg: k7core.ConsumerGroup, n: int, *, ack: bool = True, wait: float = WAIT
+) -> list[k7core.Message]:
     """Poll until n messages have been received (or the deadline passes); returns Messages."""
-    got: list = []
+    got: list[k7core.Message] = []
     deadline = time.monotonic() + wait
     while len(got) < n and time.monotonic() < deadline:
         batch = cg.poll(max_batch=n - len(got), timeout=0.1)
@@ -137,18 +93,10 @@ def poll_n(cg: k7core.ConsumerGroup, n: int, *, ack: bool = True, wait: float = 
     return got
 
 
-def drain(cg: k7core.ConsumerGroup, *, ack: bool = True, max_polls: int = 10_000) -> list:
-    """Poll (timeout 0.02) until an empty poll; return every Message received."""
-    got: list = []
-    for _ in range(max_polls):
-        batch = cg.poll(max_batch=256, timeout=0.02)
-        if not batch:
-            return got
-        if ack:
-            for m in batch:
-                assert cg.ack(m) is True
-        got.extend(batch)
-    raise AssertionError("drain did not reach an empty poll")
+def poll_to_empty(cg: k7core.ConsumerGroup, *, ack: bool = True) -> list[k7core.Message]:
+    """Poll (timeout 0.02) until an empty poll, acking each message (``ack`` is True);
+    return every Message received."""
+    return drain(cg, ack="each" if ack else None, timeout=0.02, max_polls=10_000)
 
 
 # --------------------------------------------------------------------------------------
@@ -156,7 +104,7 @@ def drain(cg: k7core.ConsumerGroup, *, ack: bool = True, max_polls: int = 10_000
 # --------------------------------------------------------------------------------------
 
 
-def test_basic_enqueue_poll(tmp_path):
+def test_basic_enqueue_poll(tmp_path: Path) -> None:
     """Port of k7 ``test-basic-enqueue-poll`` (k7's default 256 MiB segment size)."""
     with k7core.Queue(qdir(tmp_path), fsync="flush") as q, q.consumer_group("g") as cg:
         assert q.enqueue(b"hello") == 0
@@ -169,7 +117,7 @@ def test_basic_enqueue_poll(tmp_path):
         assert poll_all(cg) == []
 
 
-def test_empty_poll_returns_empty(tmp_path):
+def test_empty_poll_returns_empty(tmp_path: Path) -> None:
     """Port of k7 ``test-empty-poll-returns-empty``."""
     with Q(qdir(tmp_path), fsync="flush") as q, q.consumer_group("g") as cg:
         t0 = time.monotonic()
@@ -178,11 +126,11 @@ def test_empty_poll_returns_empty(tmp_path):
         assert cg.poll(max_batch=256, timeout=0) == []
         assert cg.committed == 0
         assert cg.position == 0
-        assert read_cursor(qdir(tmp_path), "g") == 0
+        assert stored_cursor(qdir(tmp_path), "g") == 0
         assert os.path.getsize(os.path.join(qdir(tmp_path), "cursor-g.k7")) == 4096
 
 
-def test_offsets_are_monotonic(tmp_path):
+def test_offsets_are_monotonic(tmp_path: Path) -> None:
     """Port of k7 ``test-offsets-are-monotonic``."""
     with Q(qdir(tmp_path), fsync="flush") as q, q.consumer_group("g") as cg:
         o1 = q.enqueue(b"a")
@@ -197,7 +145,7 @@ def test_offsets_are_monotonic(tmp_path):
             assert cg.ack(m) is True
 
 
-def test_offsets_are_monotonic_across_segments(tmp_path):
+def test_offsets_are_monotonic_across_segments(tmp_path: Path) -> None:
     """Port of k7 ``test-offsets-are-monotonic``, with segments rolling (small segment_size).
 
     Offsets stay increasing and 8-aligned across rolls; each segment is named by its base
@@ -210,10 +158,10 @@ def test_offsets_are_monotonic_across_segments(tmp_path):
         offs = [q.enqueue(payload + str(i).encode()) for i in range(20)]
         assert offs == sorted(set(offs))
         assert all(o % 8 == 0 for o in offs)
-        msgs = drain(cg)
+        msgs = poll_to_empty(cg)
         assert [m.offset for m in msgs] == offs
         assert [bytes(m.payload) for m in msgs] == [payload + str(i).encode() for i in range(20)]
-    segs = segment_files(d)
+    segs = segments(d)
     assert len(segs) >= 5
     bases = [b for b, _ in segs]
     assert bases[0] == 0
@@ -227,7 +175,7 @@ def test_offsets_are_monotonic_across_segments(tmp_path):
         assert nb == last + frame_size(len(payload) + len(str(offs.index(last))))
 
 
-def test_large_payload(tmp_path):
+def test_large_payload(tmp_path: Path) -> None:
     """Port of k7 ``test-large-payload`` (64 KiB payload)."""
     data = b"\x42" * 65536
     with (
@@ -245,7 +193,7 @@ def test_large_payload(tmp_path):
         assert cg.committed == frame_size(65536)
 
 
-def test_many_messages(tmp_path):
+def test_many_messages(tmp_path: Path) -> None:
     """Port of k7 ``test-many-messages`` (1,000 messages, one poll of max_batch=1000)."""
     n = 1000
     with Q(qdir(tmp_path), fsync="flush") as q, q.consumer_group("g") as cg:
@@ -260,7 +208,7 @@ def test_many_messages(tmp_path):
         assert cg.lag == 0
 
 
-def test_many_messages_rolling_segments(tmp_path):
+def test_many_messages_rolling_segments(tmp_path: Path) -> None:
     """Port of k7 ``test-many-messages`` with a small segment_size so segments roll."""
     n = 1000
     d = qdir(tmp_path)
@@ -272,22 +220,23 @@ def test_many_messages_rolling_segments(tmp_path):
         assert [m.offset for m in msgs] == offs
         assert [bytes(m.payload) for m in msgs] == [str(i).encode() for i in range(n)]
         assert cg.poll(max_batch=10, timeout=0.02) == []
-    assert len(segment_files(d)) >= 4  # 1000 frames of 16 bytes = 16000 bytes
+    assert len(segments(d)) >= 4  # 1000 frames of 16 bytes = 16000 bytes
 
 
-def test_enqueue_many_matches_enqueue(tmp_path):
-    """enqueue_many returns the same offsets as one enqueue per item (API of DESIGN §4)."""
+def test_enqueue_many_matches_enqueue(tmp_path: Path) -> None:
+    """enqueue_many returns the same offsets as one enqueue per item, and writes the same
+    bytes."""
     items = [b"a", b"bb" * 10, b"", b"c" * 7]
     with Q(str(tmp_path / "one"), fsync="flush") as q1:
         singles = [q1.enqueue(x) for x in items]
     with Q(str(tmp_path / "many"), fsync="flush") as q2, q2.consumer_group("g") as cg:
         many = q2.enqueue_many(items)
         assert many == singles == [0, 16, 48, 64]
-        assert [bytes(m.payload) for m in drain(cg)] == items
+        assert [bytes(m.payload) for m in poll_to_empty(cg)] == items
         assert q2.enqueue_many([]) == []
     assert (
-        snapshot(str(tmp_path / "one"))["seg-00000000000000000000.k7"]
-        == snapshot(str(tmp_path / "many"))["seg-00000000000000000000.k7"]
+        file_contents(str(tmp_path / "one"))["seg-00000000000000000000.k7"]
+        == file_contents(str(tmp_path / "many"))["seg-00000000000000000000.k7"]
     )
 
 
@@ -296,7 +245,7 @@ def test_enqueue_many_matches_enqueue(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
-def test_payload_is_readonly_view(tmp_path):
+def test_payload_is_readonly_view(tmp_path: Path) -> None:
     """Port of k7 ``test-payload-is-readonly-view``."""
     with Q(qdir(tmp_path), fsync="flush") as q, q.consumer_group("g") as cg:
         q.enqueue(b"readonly")
@@ -314,17 +263,18 @@ def test_payload_is_readonly_view(tmp_path):
         cg.ack(again)
 
 
-def test_empty_payload_is_a_valid_message(tmp_path):
-    """Deliberate difference from k7 (DESIGN §4): an empty payload is a message, not EOF."""
+def test_empty_payload_is_a_valid_message(tmp_path: Path) -> None:
+    """Deliberate difference from k7 (docs/format.md#differences-from-k7): an empty payload is
+    a message, not EOF."""
     d = qdir(tmp_path)
     with Q(d, fsync="flush") as q, q.consumer_group("g") as cg:
         assert q.enqueue(b"") == 0
         assert q.enqueue(b"after") == frame_size(0)
-        msgs = drain(cg)
+        msgs = poll_to_empty(cg)
         assert [(m.offset, bytes(m.payload)) for m in msgs] == [(0, b""), (16, b"after")]
     with Q(d, fsync="flush") as q, q.consumer_group("g2") as cg:
         # recovery does not stop at the empty frame either
-        assert [bytes(m.payload) for m in drain(cg)] == [b"", b"after"]
+        assert [bytes(m.payload) for m in poll_to_empty(cg)] == [b"", b"after"]
         assert q.enqueue(b"x") == 32
 
 
@@ -333,38 +283,38 @@ def test_empty_payload_is_a_valid_message(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
-def test_ack_advances_cursor(tmp_path):
+def test_ack_advances_cursor(tmp_path: Path) -> None:
     """Port of k7 ``test-ack-advances-cursor`` (cursor read from the cursor file)."""
     d = qdir(tmp_path)
     with Q(d, fsync="flush") as q, q.consumer_group("g", cursor_fsync="sync") as cg:
         q.enqueue(b"x")
         [m] = cg.poll(max_batch=1, timeout=0.02)
-        assert read_cursor(d, "g") == 0
+        assert stored_cursor(d, "g") == 0
         assert cg.committed == 0
         assert cg.position == 16
         assert cg.ack(m) is True
-        assert read_cursor(d, "g") == 16
+        assert stored_cursor(d, "g") == 16
         assert cg.committed == 16
 
 
-def test_ack_by_offset(tmp_path):
+def test_ack_by_offset(tmp_path: Path) -> None:
     """``ack`` takes a Message or its offset (k7 ``poll-all`` acks by ``(.offset m)``)."""
     d = qdir(tmp_path)
     with Q(d, fsync="flush") as q, q.consumer_group("g", cursor_fsync="sync") as cg:
         q.enqueue_many([b"a", b"b"])
         batch = cg.poll(max_batch=10, timeout=0.02)
         assert cg.ack(batch[0].offset) is True
-        assert read_cursor(d, "g") == 16
+        assert stored_cursor(d, "g") == 16
         assert cg.ack(batch[1].offset) is True
-        assert read_cursor(d, "g") == 32
+        assert stored_cursor(d, "g") == 32
         # not in flight any more
         assert cg.ack(batch[1].offset) is False
         assert cg.ack(batch[0]) is False
         assert cg.ack(12345 * 8) is False
-        assert read_cursor(d, "g") == 32
+        assert stored_cursor(d, "g") == 32
 
 
-def test_nack_redelivers(tmp_path):
+def test_nack_redelivers(tmp_path: Path) -> None:
     """Port of k7 ``test-nack-redelivers``."""
     with Q(qdir(tmp_path), fsync="flush") as q, q.consumer_group("g") as cg:
         q.enqueue(b"retry-me")
@@ -378,8 +328,8 @@ def test_nack_redelivers(tmp_path):
         assert cg.poll(max_batch=1, timeout=0.02) == []
 
 
-def test_nack_redelivers_only_that_message_first(tmp_path):
-    """Adapted k7 ``test-nack-redelivers``: DESIGN says nack redelivers that message only,
+def test_nack_redelivers_only_that_message_first(tmp_path: Path) -> None:
+    """Adapted k7 ``test-nack-redelivers``: here nack redelivers that message only,
     before newer ones, on a later poll; the messages after it are not redelivered, and the
     cursor never moves past an un-acked (nacked) message."""
     d = qdir(tmp_path)
@@ -392,20 +342,20 @@ def test_nack_redelivers_only_that_message_first(tmp_path):
         assert cg.ack(mc) is True
         # b is not acked: the frontier stops at it
         assert cg.committed == ob
-        assert read_cursor(d, "g") == ob
+        assert stored_cursor(d, "g") == ob
         od = q.enqueue(b"d")
-        msgs = drain(cg, ack=False)
+        msgs = poll_to_empty(cg, ack=False)
         assert [m.offset for m in msgs] == [ob, od]  # b first, c not redelivered
         assert [bytes(m.payload) for m in msgs] == [b"b", b"d"]
         assert cg.ack(msgs[0]) is True
         assert cg.committed == od
         assert cg.ack(msgs[1]) is True
         assert cg.committed == od + 16
-        assert read_cursor(d, "g") == od + 16
+        assert stored_cursor(d, "g") == od + 16
         assert cg.poll(max_batch=10, timeout=0.02) == []
 
 
-def test_ack_after_nack(tmp_path):
+def test_ack_after_nack(tmp_path: Path) -> None:
     """Adapted k7 ``test-nack-redelivers``: a nacked message acked before its redelivery is
     done. Whatever poll delivers afterwards must be in flight (ackable): a delivery the
     consumer cannot acknowledge breaks the at-least-once contract."""
@@ -416,13 +366,14 @@ def test_ack_after_nack(tmp_path):
         assert cg.ack(mb) is True  # still un-acked, so in flight: the ack counts
         assert cg.ack(ma) is True
         assert cg.committed == 32
-        for m in drain(cg, ack=False):
+        for m in poll_to_empty(cg, ack=False):
             assert cg.ack(m) is True, f"{m!r} was delivered but is not in flight"
         assert cg.committed == 32
 
 
-def test_nack_not_in_flight_returns_false(tmp_path):
-    """``nack`` of an offset not in flight is ignored and returns False (DESIGN §4)."""
+def test_nack_not_in_flight_returns_false(tmp_path: Path) -> None:
+    """``nack`` of an offset not in flight is ignored and returns False
+    (docs/durability.md#delivery-semantics-of-consumer-groups)."""
     with Q(qdir(tmp_path), fsync="flush") as q, q.consumer_group("g") as cg:
         q.enqueue(b"a")
         assert cg.nack(0) is False  # not delivered yet
@@ -432,7 +383,7 @@ def test_nack_not_in_flight_returns_false(tmp_path):
         assert cg.poll(max_batch=1, timeout=0.02) == []  # ... and not redelivered
 
 
-def test_partial_ack_cursor(tmp_path):
+def test_partial_ack_cursor(tmp_path: Path) -> None:
     """Port of k7 ``test-partial-ack-cursor``: out-of-order acks advance the cursor only to
     the contiguous frontier."""
     d = qdir(tmp_path)
@@ -442,17 +393,17 @@ def test_partial_ack_cursor(tmp_path):
         q.enqueue(b"c")
         m1, m2, m3 = cg.poll(max_batch=3, timeout=0.02)
         assert cg.ack(m2) is True
-        assert read_cursor(d, "g") == m1.offset == 0
+        assert stored_cursor(d, "g") == m1.offset == 0
         assert cg.committed == m1.offset
         assert cg.ack(m1) is True
-        assert read_cursor(d, "g") == m3.offset == 32
+        assert stored_cursor(d, "g") == m3.offset == 32
         assert cg.committed == m3.offset
         assert cg.ack(m3) is True
-        assert read_cursor(d, "g") == 48
+        assert stored_cursor(d, "g") == 48
         assert cg.committed == 48
 
 
-def test_partial_ack_frontier_many(tmp_path):
+def test_partial_ack_frontier_many(tmp_path: Path) -> None:
     """Port of k7 ``test-partial-ack-cursor``, longer: ack in reverse order; the cursor
     stays at the first message until it is acked, then jumps to the read position."""
     d = qdir(tmp_path)
@@ -462,21 +413,21 @@ def test_partial_ack_frontier_many(tmp_path):
         assert [m.offset for m in msgs] == offs
         for m in reversed(msgs[1:]):
             assert cg.ack(m) is True
-            assert read_cursor(d, "g") == 0
+            assert stored_cursor(d, "g") == 0
         # now the first one: the cursor jumps to the read position
         assert cg.ack(msgs[0]) is True
-        assert read_cursor(d, "g") == offs[-1] + 16 == cg.position
+        assert stored_cursor(d, "g") == offs[-1] + 16 == cg.position
         # interleaved: in flight 0..3, ack 1 and 3, then 0 -> frontier is 2
         more = q.enqueue_many([b"w", b"x", b"y", b"z"])
         batch = cg.poll(max_batch=4, timeout=0.02)
         assert [m.offset for m in batch] == more
         cg.ack(batch[1])
         cg.ack(batch[3])
-        assert read_cursor(d, "g") == more[0]
+        assert stored_cursor(d, "g") == more[0]
         cg.ack(batch[0])
-        assert read_cursor(d, "g") == more[2]
+        assert stored_cursor(d, "g") == more[2]
         cg.ack(batch[2])
-        assert read_cursor(d, "g") == more[3] + 16
+        assert stored_cursor(d, "g") == more[3] + 16
 
 
 # --------------------------------------------------------------------------------------
@@ -484,7 +435,7 @@ def test_partial_ack_frontier_many(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
-def test_seek_to_beginning(tmp_path):
+def test_seek_to_beginning(tmp_path: Path) -> None:
     """Port of k7 ``test-seek-to-beginning``."""
     with Q(qdir(tmp_path), fsync="flush") as q, q.consumer_group("g") as cg:
         q.enqueue(b"a")
@@ -497,7 +448,7 @@ def test_seek_to_beginning(tmp_path):
         assert poll_all(cg) == [b"a", b"b"]
 
 
-def test_seek_to_mid(tmp_path):
+def test_seek_to_mid(tmp_path: Path) -> None:
     """Port of k7 ``test-seek-to-mid``."""
     with Q(qdir(tmp_path), fsync="flush") as q, q.consumer_group("g") as cg:
         q.enqueue(b"a")
@@ -511,7 +462,7 @@ def test_seek_to_mid(tmp_path):
         assert [bytes(m.payload) for m in batch] == [b"b", b"c"]
 
 
-def test_seek_clears_in_flight(tmp_path):
+def test_seek_clears_in_flight(tmp_path: Path) -> None:
     """k7 ``seek!`` clears the pending set: messages in flight before a seek can no longer
     be acked, and the cursor is the seek target."""
     d = qdir(tmp_path)
@@ -519,13 +470,13 @@ def test_seek_clears_in_flight(tmp_path):
         q.enqueue_many([b"a", b"b", b"c"])
         batch = cg.poll(max_batch=3, timeout=0.02)
         cg.seek(16)
-        assert read_cursor(d, "g") == 16
+        assert stored_cursor(d, "g") == 16
         assert cg.ack(batch[2]) is False
-        assert read_cursor(d, "g") == 16
+        assert stored_cursor(d, "g") == 16
         assert poll_all(cg) == [b"b", b"c"]
 
 
-def test_seek_persists_cursor(tmp_path):
+def test_seek_persists_cursor(tmp_path: Path) -> None:
     """Port of k7 ``test-seek-persists-cursor``: reopen the group, it resumes at the seek."""
     d = qdir(tmp_path)
     with Q(d, fsync="flush") as q:
@@ -533,23 +484,23 @@ def test_seek_persists_cursor(tmp_path):
         q.enqueue(b"b")
         with q.consumer_group("g", cursor_fsync="sync") as cg:
             assert poll_all(cg) == [b"a", b"b"]
-            assert read_cursor(d, "g") == 32
+            assert stored_cursor(d, "g") == 32
             cg.seek(o1)
-            assert read_cursor(d, "g") == o1 == 0  # seek persists at once
-        assert read_cursor(d, "g") == 0
+            assert stored_cursor(d, "g") == o1 == 0  # seek persists at once
+        assert stored_cursor(d, "g") == 0
         with q.consumer_group("g") as cg2:
             assert cg2.committed == 0
             assert poll_all(cg2) == [b"a", b"b"]
 
 
-def test_seek_persists_across_queue_reopen(tmp_path):
+def test_seek_persists_across_queue_reopen(tmp_path: Path) -> None:
     """Port of k7 ``test-seek-persists-cursor``, across a reopen of the whole queue."""
     d = qdir(tmp_path)
     with Q(d, fsync="flush") as q, q.consumer_group("g") as cg:
         q.enqueue_many([b"a", b"b", b"c"])
         assert poll_all(cg) == [b"a", b"b", b"c"]
         cg.seek(16)
-    assert read_cursor(d, "g") == 16
+    assert stored_cursor(d, "g") == 16
     with Q(d, fsync="flush") as q, q.consumer_group("g") as cg:
         assert cg.committed == 16
         assert cg.position == 16
@@ -561,7 +512,7 @@ def test_seek_persists_across_queue_reopen(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
-def test_recover_after_close(tmp_path):
+def test_recover_after_close(tmp_path: Path) -> None:
     """Port of k7 ``test-recover-after-close`` (k7's default 256 MiB segment size)."""
     d = qdir(tmp_path)
     with k7core.Queue(d, fsync="flush") as q:
@@ -576,24 +527,24 @@ def test_recover_after_close(tmp_path):
         assert poll_all(cg) == [b"next"]
 
 
-def test_recover_after_close_multi_segment(tmp_path):
+def test_recover_after_close_multi_segment(tmp_path: Path) -> None:
     """Port of k7 ``test-recover-after-close`` across rolled segments."""
     d = qdir(tmp_path)
     payloads = [bytes([i]) * 900 for i in range(12)]  # frame 912: 4 per 4096
     with Q(d, fsync="flush", segment_size=4096) as q:
         offs = q.enqueue_many(payloads)
-    before = [b for b, _ in segment_files(d)]
+    before = [b for b, _ in segments(d)]
     with Q(d, fsync="flush", segment_size=4096) as q, q.consumer_group("g") as cg:
-        msgs = drain(cg)
+        msgs = poll_to_empty(cg)
         assert [m.offset for m in msgs] == offs
         assert [bytes(m.payload) for m in msgs] == payloads
         nxt = q.enqueue(b"tail")
         assert nxt > offs[-1]
         assert poll_all(cg) == [b"tail"]
-    assert [b for b, _ in segment_files(d)][: len(before)] == before
+    assert [b for b, _ in segments(d)][: len(before)] == before
 
 
-def test_cursor_survives_restart(tmp_path):
+def test_cursor_survives_restart(tmp_path: Path) -> None:
     """Port of k7 ``test-cursor-survives-restart``."""
     d = qdir(tmp_path)
     with Q(d, fsync="flush") as q:
@@ -603,11 +554,11 @@ def test_cursor_survives_restart(tmp_path):
             [m] = cg.poll(max_batch=1, timeout=0.02)
             assert bytes(m.payload) == b"a"
             assert cg.ack(m) is True
-    assert read_cursor(d, "g") == 16
+    assert stored_cursor(d, "g") == 16
     with Q(d, fsync="flush") as q2, q2.consumer_group("g", cursor_fsync="sync") as cg2:
         assert cg2.committed == 16
         assert poll_all(cg2) == [b"b"]
-        assert read_cursor(d, "g") == 32
+        assert stored_cursor(d, "g") == 32
 
 
 # --------------------------------------------------------------------------------------
@@ -615,7 +566,7 @@ def test_cursor_survives_restart(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
-def test_independent_consumer_groups(tmp_path):
+def test_independent_consumer_groups(tmp_path: Path) -> None:
     """Port of k7 ``test-independent-consumer-groups``."""
     d = qdir(tmp_path)
     with Q(d, fsync="flush") as q:
@@ -630,8 +581,8 @@ def test_independent_consumer_groups(tmp_path):
             assert cg2.lag == 16
             assert cg2.committed == 16
         # both groups closed: their cursors are on disk
-        assert read_cursor(d, "g1") == 32
-        assert read_cursor(d, "g2") == 16
+        assert stored_cursor(d, "g1") == 32
+        assert stored_cursor(d, "g2") == 16
         with q.consumer_group("g2") as cg2:
             assert poll_all(cg2) == [b"more"]
         with q.consumer_group("g3") as cg3:  # a new group starts at the beginning
@@ -645,7 +596,7 @@ def test_independent_consumer_groups(tmp_path):
 
 @pytest.mark.parametrize("cursor_fsync", STRATEGIES)
 @pytest.mark.parametrize("fsync", STRATEGIES)
-def test_fsync_strategies(tmp_path, fsync, cursor_fsync):
+def test_fsync_strategies(tmp_path: Path, fsync: str, cursor_fsync: str) -> None:
     """Port of k7 ``test-fsync-strategies`` (queue fsync x cursor_fsync, all combinations).
 
     Under "async" the message becomes visible once the background fsync ran; the poll waits
@@ -662,9 +613,9 @@ def test_fsync_strategies(tmp_path, fsync, cursor_fsync):
             assert [bytes(m.payload) for m in msgs] == [b"y", b"z"]
             assert cg.committed == 48
             if cursor_fsync != "async":
-                assert read_cursor(d, "g") == 48
+                assert stored_cursor(d, "g") == 48
         # close does a final flush of the cursor, whatever the strategy
-        assert read_cursor(d, "g") == 48
+        assert stored_cursor(d, "g") == 48
     with Q(d, fsync=fsync) as q, q.consumer_group("g", cursor_fsync=cursor_fsync) as cg:
         assert cg.committed == 48
         assert cg.poll(max_batch=10, timeout=0.02) == []
@@ -672,7 +623,7 @@ def test_fsync_strategies(tmp_path, fsync, cursor_fsync):
         assert [bytes(m.payload) for m in poll_n(cg, 3)] == [b"x", b"y", b"z"]
 
 
-def test_fsync_strategy_rejects_unknown(tmp_path):
+def test_fsync_strategy_rejects_unknown(tmp_path: Path) -> None:
     """The strategies are exactly "async" | "flush" | "sync"; anything else is refused."""
     with pytest.raises(ValueError):
         Q(qdir(tmp_path), fsync="always")
@@ -685,7 +636,7 @@ def test_fsync_strategy_rejects_unknown(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
-def test_batch_respects_max(tmp_path):
+def test_batch_respects_max(tmp_path: Path) -> None:
     """Port of k7 ``test-batch-respects-max``."""
     with Q(qdir(tmp_path), fsync="flush") as q, q.consumer_group("g") as cg:
         offs = [q.enqueue(b"x") for _ in range(20)]
@@ -694,14 +645,14 @@ def test_batch_respects_max(tmp_path):
         assert [m.offset for m in batch] == offs[:5]
         for m in batch:
             cg.ack(m)
-        rest = drain(cg)
+        rest = poll_to_empty(cg)
         assert [m.offset for m in rest] == offs[5:]
 
 
-def test_poll_returns_partial_on_timeout(tmp_path):
+def test_poll_returns_partial_on_timeout(tmp_path: Path) -> None:
     """Port of k7 ``test-poll-returns-partial-on-timeout``.
 
-    DESIGN: poll returns at once when messages are available (k7 waited for the timeout to
+    Here poll returns at once when messages are available (k7 waited for the timeout to
     fill the batch), so a generous timeout must not be spent."""
     with Q(qdir(tmp_path), fsync="flush") as q, q.consumer_group("g") as cg:
         q.enqueue(b"only-one")
@@ -723,7 +674,7 @@ def _write_and_corrupt_tail(d: str) -> tuple[list[int], int]:
     with Q(d, fsync="sync") as q:
         offs = [q.enqueue(b"intact-1"), q.enqueue(b"intact-2"), q.enqueue(b"corrupt-me")]
     assert offs == [0, 24, 48]
-    [(base, seg)] = segment_files(d)
+    [(base, seg)] = segments(d)
     assert base == 0
     with open(seg, "r+b") as f:
         f.seek(offs[2] + HEADER)
@@ -734,7 +685,7 @@ def _write_and_corrupt_tail(d: str) -> tuple[list[int], int]:
     return offs, offs[2]
 
 
-def test_crc_validation(tmp_path, caplog):
+def test_crc_validation(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Port of k7 ``test-crc-validation``: a corrupted payload is never delivered.
 
     The corrupt frame is the tail of the last segment, so recovery cuts it and logs a WARNING
@@ -760,19 +711,19 @@ def test_crc_validation(tmp_path, caplog):
         assert cg.committed == bad
         # the write position is the end of the last valid frame: the cut tail is overwritten
         assert q.enqueue(b"fresh") == bad
-        msgs = drain(cg)
+        msgs = poll_to_empty(cg)
         assert [(m.offset, bytes(m.payload)) for m in msgs] == [(bad, b"fresh")]
         assert all(b"corrupt" not in bytes(m.payload) for m in msgs)
 
 
-def test_crc_validation_readonly_open(tmp_path):
+def test_crc_validation_readonly_open(tmp_path: Path) -> None:
     """Port of k7 ``test-crc-validation`` through a read-only open (no writer to cut the
     tail): the intact messages are delivered, the corrupt frame is not (the reader may stop
     there or raise CorruptFrameError at its offset)."""
     d = qdir(tmp_path)
     _write_and_corrupt_tail(d)
     with Q(d, readonly=True) as q, q.consumer_group("g") as cg:
-        got: list = []
+        got: list[k7core.Message] = []
         for _ in range(5):
             try:
                 batch = cg.poll(max_batch=256, timeout=0.02)
@@ -791,12 +742,13 @@ def test_crc_validation_readonly_open(tmp_path):
         ]
 
 
-def test_cut_tail_is_kept_and_zeroed(tmp_path):
-    """DESIGN §2 recovery (extends k7 ``test-crc-validation``): the cut tail is kept in a side
-    file and zeroed before new writes, so the stale frame can never reappear."""
+def test_cut_tail_is_kept_and_zeroed(tmp_path: Path) -> None:
+    """Recovery (docs/format.md#recovery; extends k7 ``test-crc-validation``): the cut tail is
+    kept in a side file and zeroed before new writes, so the stale frame can never
+    reappear."""
     d = qdir(tmp_path)
     _offs, bad = _write_and_corrupt_tail(d)
-    [(_, seg)] = segment_files(d)
+    [(_, seg)] = segments(d)
     with open(seg, "rb") as f:
         f.seek(bad)
         corrupt_frame = f.read(HEADER + len(b"corrupt-me"))  # without the zero pad
@@ -804,7 +756,7 @@ def test_cut_tail_is_kept_and_zeroed(tmp_path):
         assert q.enqueue(b"n") == bad  # 16-byte frame over the old 24-byte one
     side = {
         name: content
-        for name, content in snapshot(d).items()
+        for name, content in file_contents(d).items()
         if not (name.startswith("seg-") or name.startswith("cursor-"))
     }
     assert any(corrupt_frame in content for content in side.values()), sorted(side)
@@ -813,11 +765,11 @@ def test_cut_tail_is_kept_and_zeroed(tmp_path):
         assert f.read(64) == bytes(64)
     # and a later reopen sees exactly the three good messages
     with Q(d, fsync="flush") as q, q.consumer_group("g") as cg:
-        assert [bytes(m.payload) for m in drain(cg)] == [b"intact-1", b"intact-2", b"n"]
+        assert [bytes(m.payload) for m in poll_to_empty(cg)] == [b"intact-1", b"intact-2", b"n"]
 
 
-def test_on_disk_frame_format(tmp_path):
-    """The frame and file layout k7 reads (DESIGN §2): magic 0x4B, flags 0x01, BE u32 length,
+def test_on_disk_frame_format(tmp_path: Path) -> None:
+    """The frame and file layout k7 reads (docs/format.md): magic 0x4B, flags 0x01, BE u32 length,
     BE u32 CRC32C of the payload, payload, zero padding to 8; preallocated segment file named
     seg-%020d.k7; 4096-byte cursor file with the BE int64 committed offset at byte 0."""
     d = qdir(tmp_path)
@@ -827,7 +779,7 @@ def test_on_disk_frame_format(tmp_path):
         with q.consumer_group("workers", cursor_fsync="sync") as cg:
             [m] = cg.poll(max_batch=1, timeout=0.02)
             cg.ack(m)
-    files = snapshot(d)
+    files = file_contents(d)
     seg = files["seg-00000000000000000000.k7"]
     assert len(seg) == SMALL_SEGMENT
     assert seg[0:16] == (b"\x4b\x01" + struct.pack(">II", 5, crc32c(b"hello")) + b"hello" + b"\x00")
@@ -850,7 +802,7 @@ def test_on_disk_frame_format(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
-def test_committed_position_lag(tmp_path):
+def test_committed_position_lag(tmp_path: Path) -> None:
     """``committed`` (the cursor on disk), ``position`` (next offset to read) and ``lag``
     (bytes: end of visible log minus committed)."""
     d = qdir(tmp_path)
@@ -862,7 +814,7 @@ def test_committed_position_lag(tmp_path):
         assert (cg.committed, cg.position, cg.lag) == (0, 32, 48)
         cg.ack(batch[0])
         assert (cg.committed, cg.position, cg.lag) == (16, 32, 32)
-        assert read_cursor(d, "g") == cg.committed
+        assert stored_cursor(d, "g") == cg.committed
         cg.ack(batch[1])
         assert (cg.committed, cg.position, cg.lag) == (32, 32, 16)
         poll_all(cg)
@@ -874,7 +826,7 @@ def test_committed_position_lag(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
-def test_error_hierarchy():
+def test_error_hierarchy() -> None:
     """One base class with specific subclasses; InvalidNameError is also a ValueError."""
     for name in (
         "QueueLockedError",
@@ -891,25 +843,24 @@ def test_error_hierarchy():
     assert issubclass(k7core.K7Error, Exception)
 
 
-def test_second_writer_same_process_is_locked(tmp_path):
+def test_second_writer_same_process_is_locked(tmp_path: Path) -> None:
     """A second writer on the same directory gets QueueLockedError at open."""
     d = qdir(tmp_path)
     with Q(d, fsync="flush") as q:
         q.enqueue(b"a")
-        before = snapshot(d)
+        before = file_contents(d)
         with pytest.raises(k7core.QueueLockedError) as ei:
             Q(d, fsync="flush")
         assert isinstance(ei.value, k7core.K7Error)
-        assert snapshot(d) == before
+        assert file_contents(d) == before
         assert q.enqueue(b"b") == 16  # the first writer is unaffected
     with Q(d, fsync="flush") as q2, q2.consumer_group("g") as cg:  # lock released
         assert poll_all(cg) == [b"a", b"b"]
 
 
-def test_second_writer_other_process_is_locked(tmp_path):
+def test_second_writer_other_process_is_locked(tmp_path: Path) -> None:
     """A writer in another process gets QueueLockedError while this one holds the queue."""
     d = qdir(tmp_path)
-    root = str(Path(k7core.__file__).resolve().parent.parent)
     code = (
         "import sys, k7core\n"
         "try:\n"
@@ -919,21 +870,14 @@ def test_second_writer_other_process_is_locked(tmp_path):
         "else:\n"
         "    print('opened')\n"
     )
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with Q(d, fsync="flush") as q:
         q.enqueue(b"a")
-        r = subprocess.run(
-            [sys.executable, "-c", code, d], capture_output=True, text=True, env=env, timeout=60
-        )
-        assert r.stdout.strip() == "locked", r.stderr
+        assert run_python(code, d, timeout=60).strip() == "locked"
         assert q.enqueue(b"b") == 16
-    r = subprocess.run(
-        [sys.executable, "-c", code, d], capture_output=True, text=True, env=env, timeout=60
-    )
-    assert r.stdout.strip() == "opened", r.stderr
+    assert run_python(code, d, timeout=60).strip() == "opened"
 
 
-def test_readonly_open_beside_writer(tmp_path):
+def test_readonly_open_beside_writer(tmp_path: Path) -> None:
     """``readonly=True`` takes no writer lock; it reads, and its enqueue raises."""
     d = qdir(tmp_path)
     with Q(d, fsync="flush") as q:
@@ -945,10 +889,10 @@ def test_readonly_open_beside_writer(tmp_path):
             q.enqueue(b"c")
             msgs = poll_n(cg, 1)
             assert [bytes(m.payload) for m in msgs] == [b"c"]
-        assert read_cursor(d, "reader") == 48
+        assert stored_cursor(d, "reader") == 48
 
 
-def test_group_busy(tmp_path):
+def test_group_busy(tmp_path: Path) -> None:
     """The same group opened twice gets GroupBusyError; free again once closed."""
     d = qdir(tmp_path)
     with Q(d, fsync="flush") as q:
@@ -966,7 +910,7 @@ def test_group_busy(tmp_path):
             assert again.committed == 16
 
 
-def test_group_busy_across_readonly_open(tmp_path):
+def test_group_busy_across_readonly_open(tmp_path: Path) -> None:
     """Group ownership is a lock, also between a writer's group and a read-only open's."""
     d = qdir(tmp_path)
     with (
@@ -983,7 +927,7 @@ def test_group_busy_across_readonly_open(tmp_path):
     ["", "a/b", "a\\b", "..", "x\x00y", "g" * 201, "\u00e9" * 101],
     ids=["empty", "slash", "backslash", "dotdot", "nul", "201-bytes", "202-utf8-bytes"],
 )
-def test_invalid_group_names(tmp_path, name):
+def test_invalid_group_names(tmp_path: Path, name: str) -> None:
     """Unsafe or unreasonable group names raise InvalidNameError, a K7Error and a ValueError,
     and create nothing."""
     d = qdir(tmp_path)
@@ -998,29 +942,29 @@ def test_invalid_group_names(tmp_path, name):
         assert (sorted(os.listdir(tmp_path)), sorted(os.listdir(d))) == before
 
 
-def test_group_name_of_200_bytes_is_valid(tmp_path):
+def test_group_name_of_200_bytes_is_valid(tmp_path: Path) -> None:
     """200 bytes is the longest accepted group name."""
     d = qdir(tmp_path)
     with Q(d, fsync="flush") as q, q.consumer_group("g" * 200) as cg:
         q.enqueue(b"a")
         assert poll_all(cg) == [b"a"]
-    assert read_cursor(d, "g" * 200) == 16
+    assert stored_cursor(d, "g" * 200) == 16
 
 
 @pytest.mark.parametrize("bad", ["text", 42, None, 3.5])
-def test_enqueue_non_bytes_is_type_error(tmp_path, bad):
+def test_enqueue_non_bytes_is_type_error(tmp_path: Path, bad: object) -> None:
     """enqueue of a str, int, ... raises TypeError and writes nothing."""
     with Q(qdir(tmp_path), fsync="flush") as q, q.consumer_group("g") as cg:
         with pytest.raises(TypeError):
-            q.enqueue(bad)
+            q.enqueue(bad)  # type: ignore[arg-type]
         with pytest.raises(TypeError):
-            q.enqueue_many([bad])
+            q.enqueue_many([bad])  # type: ignore[list-item]
         assert cg.poll(max_batch=10, timeout=0.02) == []
         assert q.enqueue(b"ok") == 0
         assert poll_all(cg) == [b"ok"]
 
 
-def test_use_after_close(tmp_path):
+def test_use_after_close(tmp_path: Path) -> None:
     """Use after close raises ClosedError; close() is idempotent; closing the queue closes
     its groups first."""
     d = qdir(tmp_path)
@@ -1051,7 +995,7 @@ def test_use_after_close(tmp_path):
         assert poll_all(h) == [b"a"]
 
 
-def test_close_while_payload_view_held(tmp_path):
+def test_close_while_payload_view_held(tmp_path: Path) -> None:
     """close() never raises because a caller still holds a payload view."""
     d = qdir(tmp_path)
     q = Q(d, fsync="flush")
@@ -1066,7 +1010,7 @@ def test_close_while_payload_view_held(tmp_path):
     del view, m
 
 
-def test_message_too_large(tmp_path):
+def test_message_too_large(tmp_path: Path) -> None:
     """A message larger than an empty segment raises MessageTooLargeError and leaves the
     queue unchanged (same files, same sizes, same bytes); the next enqueue works."""
     d = qdir(tmp_path)
@@ -1075,26 +1019,26 @@ def test_message_too_large(tmp_path):
         q.consumer_group("g", cursor_fsync="sync") as cg,
     ):
         offs = q.enqueue_many([b"a" * 1000, b"b" * 2000])
-        before = snapshot(d)
+        before = file_contents(d)
         for size in (SMALL_SEGMENT, SMALL_SEGMENT + 1, SMALL_SEGMENT - HEADER + 1, 1 << 20):
             with pytest.raises(k7core.MessageTooLargeError) as ei:
                 q.enqueue(b"z" * size)
             assert isinstance(ei.value, k7core.K7Error)
-            assert snapshot(d) == before
+            assert file_contents(d) == before
         with pytest.raises(k7core.MessageTooLargeError):
             q.enqueue_many([b"z" * (SMALL_SEGMENT + 8)])
-        assert snapshot(d) == before
+        assert file_contents(d) == before
         nxt = q.enqueue(b"ok")
         assert nxt == offs[1] + frame_size(2000)
-        msgs = drain(cg)
+        msgs = poll_to_empty(cg)
         assert [bytes(m.payload) for m in msgs] == [b"a" * 1000, b"b" * 2000, b"ok"]
         assert [m.offset for m in msgs] == [*offs, nxt]
-    assert [b for b, _ in segment_files(d)] == [0]
+    assert [b for b, _ in segments(d)] == [0]
     with Q(d, fsync="flush", segment_size=SMALL_SEGMENT) as q, q.consumer_group("h") as cg:
-        assert [bytes(m.payload) for m in drain(cg)] == [b"a" * 1000, b"b" * 2000, b"ok"]
+        assert [bytes(m.payload) for m in poll_to_empty(cg)] == [b"a" * 1000, b"b" * 2000, b"ok"]
 
 
-def test_message_too_large_in_batch(tmp_path):
+def test_message_too_large_in_batch(tmp_path: Path) -> None:
     """enqueue_many with one message larger than an empty segment raises
     MessageTooLargeError and leaves the queue unchanged: none of the batch is written (the
     caller gets no offsets, so a partial write could only be duplicated by a retry)."""
@@ -1104,15 +1048,15 @@ def test_message_too_large_in_batch(tmp_path):
         q.consumer_group("g") as cg,
     ):
         first = q.enqueue(b"first")
-        before = snapshot(d)
+        before = file_contents(d)
         with pytest.raises(k7core.MessageTooLargeError):
             q.enqueue_many([b"ok", b"x" * 5000, b"after"])
-        assert snapshot(d) == before
+        assert file_contents(d) == before
         assert q.enqueue(b"next") == first + 16
-        assert [bytes(m.payload) for m in drain(cg)] == [b"first", b"next"]
+        assert [bytes(m.payload) for m in poll_to_empty(cg)] == [b"first", b"next"]
 
 
-def test_message_that_fits_only_an_empty_segment_rolls(tmp_path):
+def test_message_that_fits_only_an_empty_segment_rolls(tmp_path: Path) -> None:
     """A message that does not fit the rest of the current segment rolls to a new segment
     named by the sealed position (global offset) — no error, no duplicate file."""
     d = qdir(tmp_path)
@@ -1121,13 +1065,13 @@ def test_message_that_fits_only_an_empty_segment_rolls(tmp_path):
         o2 = q.enqueue(b"b" * 3000)
         assert o1 == 0
         assert o2 == frame_size(3000)
-        assert [b for b, _ in segment_files(d)] == [0, o2]
-        msgs = drain(cg)
+        assert [b for b, _ in segments(d)] == [0, o2]
+        msgs = poll_to_empty(cg)
         assert [(m.offset, len(m.payload)) for m in msgs] == [(0, 3000), (o2, 3000)]
         assert bytes(msgs[1].payload) == b"b" * 3000
 
 
-def test_frame_exactly_segment_size(tmp_path):
+def test_frame_exactly_segment_size(tmp_path: Path) -> None:
     """A frame exactly the size of an empty segment (a k7 bug: rolls onto the same file)
     either fits a fresh segment or is refused cleanly; either way the log stays readable and
     no segment file is mapped twice."""
@@ -1135,32 +1079,32 @@ def test_frame_exactly_segment_size(tmp_path):
     exact = b"e" * (4096 - HEADER)  # frame_size == 4096
     with Q(d, fsync="flush", segment_size=4096) as q, q.consumer_group("g") as cg:
         o1 = q.enqueue(b"a")
-        before = snapshot(d)
+        before = file_contents(d)
         try:
             o2 = q.enqueue(exact)
         except k7core.MessageTooLargeError:
-            assert snapshot(d) == before
+            assert file_contents(d) == before
             expected = [b"a"]
         else:
             assert o2 == 16
-            assert [b for b, _ in segment_files(d)] == [0, 16]
+            assert [b for b, _ in segments(d)] == [0, 16]
             expected = [b"a", exact]
         o3 = q.enqueue(b"z")
         assert o3 > o1
-        assert [bytes(m.payload) for m in drain(cg)] == [*expected, b"z"]
+        assert [bytes(m.payload) for m in poll_to_empty(cg)] == [*expected, b"z"]
     with Q(d, fsync="flush", segment_size=4096) as q, q.consumer_group("h") as cg:
-        assert [bytes(m.payload) for m in drain(cg)] == [*expected, b"z"]
+        assert [bytes(m.payload) for m in poll_to_empty(cg)] == [*expected, b"z"]
 
 
-def test_corrupt_frame_in_sealed_segment(tmp_path):
-    """DESIGN §2: corruption inside a sealed (not last) segment is not cut; a reader gets the
-    valid messages before it, then CorruptFrameError with the offset; seek past it (to the
-    next segment's base) continues."""
+def test_corrupt_frame_in_sealed_segment(tmp_path: Path) -> None:
+    """docs/format.md#recovery: corruption inside a sealed (not last) segment is not cut; a
+    reader gets the valid messages before it, then CorruptFrameError with the offset; seek
+    past it (to the next segment's base) continues."""
     d = qdir(tmp_path)
     payloads = [bytes([i]) * 100 for i in range(50)]  # frame 112: 36 per 4096-byte segment
     with Q(d, fsync="sync", segment_size=4096) as q:
         offs = q.enqueue_many(payloads)
-    segs = segment_files(d)
+    segs = segments(d)
     assert len(segs) == 2
     base1 = segs[1][0]
     assert base1 in offs
@@ -1170,12 +1114,12 @@ def test_corrupt_frame_in_sealed_segment(tmp_path):
     with open(segs[0][1], "r+b") as f:
         f.seek(bad + HEADER + 5)
         f.write(b"\xff")
-    corrupted_seg0 = snapshot(d)[os.path.basename(segs[0][1])]
+    corrupted_seg0 = file_contents(d)[segs[0][1].name]
     with (
         Q(d, fsync="flush", segment_size=4096) as q,
         q.consumer_group("g", cursor_fsync="sync") as cg,
     ):
-        got: list = []
+        got: list[k7core.Message] = []
         err = None
         for _ in range(5):
             try:
@@ -1193,8 +1137,8 @@ def test_corrupt_frame_in_sealed_segment(tmp_path):
         assert [bytes(m.payload) for m in got] == payloads[:bad_index]
         assert cg.committed == bad
         cg.seek(base1)
-        assert read_cursor(d, "g") == base1
-        rest = drain(cg)
+        assert stored_cursor(d, "g") == base1
+        rest = poll_to_empty(cg)
         assert [m.offset for m in rest] == [o for o in offs if o >= base1]
         assert [bytes(m.payload) for m in rest] == payloads[offs.index(base1) :]
         # the writer appends after the intact last segment
@@ -1202,10 +1146,10 @@ def test_corrupt_frame_in_sealed_segment(tmp_path):
         assert nxt == offs[-1] + frame_size(100)
         assert poll_all(cg) == [b"after"]
     # nothing in the sealed segment was truncated or rewritten
-    assert snapshot(d)[os.path.basename(segs[0][1])] == corrupted_seg0
+    assert file_contents(d)[segs[0][1].name] == corrupted_seg0
 
 
-def test_accepts_pathlike(tmp_path):
+def test_accepts_pathlike(tmp_path: Path) -> None:
     """Queue accepts an os.PathLike directory and creates it."""
     p = tmp_path / "nested" / "q"
     with Q(p, fsync="flush") as q, q.consumer_group("g") as cg:

@@ -9,9 +9,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from _queuehelp import read_all
 
 import k7core
+from tests._queuehelp import read_all
 
 
 def flusher_threads() -> list[threading.Thread]:
@@ -122,3 +122,15 @@ def test_check_message_size(tmp_path: Path) -> None:
         q.check_message_size(4096 - 16)
         with pytest.raises(k7core.MessageTooLargeError):
             q.check_message_size(4096)
+
+
+def test_remove_when_empty_leaves_other_layers_files(tmp_path: Path) -> None:
+    d = tmp_path / "q"
+    with k7core.Queue(d, fsync="flush", segment_size=4096, remove_when_empty=True) as q:
+        q.enqueue(b"x")
+        with q.consumer_group("g") as g:
+            g.ack(g.poll(timeout=0)[0])
+        (d / "k7py-sink-query.json").write_text("{}")  # a Spark sink record
+        (d / "k7py-staging").mkdir()
+        (d / "k7py-torn-x.bin").write_bytes(b"t")  # recovery's side file: the queue's own
+    assert sorted(p.name for p in d.iterdir()) == ["k7py-sink-query.json", "k7py-staging"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import k7core
+from tests._queuehelp import read_all
 
 NOBODY = 65534
 
@@ -54,11 +55,6 @@ def qdir() -> Iterator[Path]:
         shutil.rmtree(top)
 
 
-def _read_all(q: k7core.Queue) -> list[bytes]:
-    batch = q.read_columnar(q.earliest())
-    return [bytes(batch.payload(i)) for i in range(len(batch))]
-
-
 def test_permission_denied(qdir: Path) -> None:
     qdir.chmod(0)
     with unprivileged():
@@ -83,7 +79,7 @@ def test_read_only_directory(qdir: Path) -> None:
             k7core.Queue(qdir)
         assert info.value.errno == errno.EACCES and "readonly" in str(info.value)
         with k7core.Queue(qdir, readonly=True) as q:
-            assert _read_all(q) == [b"a", b"b", b"c"]  # reading needs no write access
+            assert read_all(q, q.earliest()) == [b"a", b"b", b"c"]  # reading needs no write access
             for group in ("g", "new"):  # a group must write its cursor: a clear error
                 with pytest.raises(k7core.StorageError) as info:
                     q.consumer_group(group)

@@ -1,6 +1,7 @@
-"""Multi-process tests (DESIGN.md §3): a reader in this process follows a writer in a child
-process; writer and group locks hold across processes and are freed when the holder exits
-or is SIGKILLed; a read-only reader blocked in ``poll`` wakes promptly and sleeps (no spin).
+"""Multi-process tests (the rules are in docs/concurrency.md): a reader in this process
+follows a writer in a child process; writer and group locks hold across processes and are
+freed when the holder exits or is SIGKILLed; a read-only reader blocked in ``poll`` wakes
+promptly and sleeps (no spin).
 
 Synchronisation is by reading the child's stdout (``ready`` lines), never by sleeping.
 Children run with ``sys.executable`` and are killed and reaped in ``finally`` blocks.
@@ -9,22 +10,14 @@ Children run with ``sys.executable`` and are killed and reaped in ``finally`` bl
 from __future__ import annotations
 
 import signal
-import struct
 import time
 from pathlib import Path
 
 import pytest
-from _childproc import Child, frame_size, payload
 
 import k7core
-
-
-def waiters(qdir: Path) -> int:
-    """The shared count of readers blocked in poll (k7.h ``k7_pos``: u64 end, u32 seq,
-    u32 waiters, native order, in k7py-position)."""
-    with open(qdir / "k7py-position", "rb") as f:
-        return int(struct.unpack_from("=I", f.read(16), 12)[0])
-
+from tests._childproc import Child
+from tests._queuehelp import frame_size, payload, waiters
 
 # --------------------------------------------------------------------------------------
 # (a) a reader in this process follows a writer in another

@@ -1,4 +1,5 @@
-"""Recovery from torn and corrupted segments (DESIGN.md §2), property-based with hypothesis.
+"""Recovery from torn and corrupted segments (docs/format.md#recovery), property-based
+with hypothesis.
 
 The property tests write random messages, close the queue, damage the LAST segment file
 (truncate it, zero a range, flip bytes), reopen it as the writer and read everything back.
@@ -29,27 +30,28 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import crc32c as crc32c_pkg
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import k7core
+from tests._queuehelp import (
+    FLAG_COMMITTED,
+    HEADER,
+    MAGIC,
+    crc32c,
+    drain_to_end,
+    frame_size,
+    replay,
+    seg_bases,
+    seg_name,
+    write_queue,
+)
 
-HEADER = 10
+# The format restated independently of k7core (tests/_queuehelp.py's format helpers, as in
+# test_format.py): the validator below checks what recovery keeps against the rules, not
+# against k7core's own constants.
 SEGMENT_SIZE = 8192
-
-
-def fsize(length: int) -> int:
-    return (HEADER + length + 7) // 8 * 8
-
-
-def seg_name(base: int) -> str:
-    return f"seg-{base:020d}.k7"
-
-
-def seg_bases(d: Path) -> list[int]:
-    return sorted(int(n[4:24]) for n in os.listdir(d) if n.startswith("seg-") and n.endswith(".k7"))
 
 
 def torn_files(d: Path) -> list[Path]:
@@ -83,27 +85,6 @@ def k7_log() -> Iterator[_Records]:
         logger.setLevel(old)
 
 
-def write(d: Path, payloads: list[bytes], segment_size: int = SEGMENT_SIZE) -> list[int]:
-    with k7core.Queue(d, segment_size=segment_size, fsync="flush") as q:
-        return [q.enqueue(p) for p in payloads]
-
-
-def drain(q: k7core.Queue, g: k7core.ConsumerGroup) -> list[tuple[int, bytes]]:
-    out: list[tuple[int, bytes]] = []
-    for _ in range(100_000):
-        batch = g.poll(max_batch=256, timeout=0)
-        if not batch and g.position >= q.end:
-            return out
-        out.extend((m.offset, bytes(m.payload)) for m in batch)
-    raise AssertionError("the reader never reached the end of the log")
-
-
-def read_all(q: k7core.Queue, group: str = "verify") -> list[tuple[int, bytes]]:
-    with q.consumer_group(group) as g:
-        g.seek(0)
-        return drain(q, g)
-
-
 # --------------------------------------------------------------------------------------
 # the damage model
 # --------------------------------------------------------------------------------------
@@ -132,13 +113,13 @@ class Damage:
 
 def valid_frame_at(data: bytes, pos: int) -> bool:
     """Independent check of one frame against the format rules (magic, flags, length, CRC32C)."""
-    if pos + HEADER > len(data) or data[pos] != 0x4B or data[pos + 1] != 0x01:
+    if pos + HEADER > len(data) or data[pos] != MAGIC or data[pos + 1] != FLAG_COMMITTED:
         return False
     length = int.from_bytes(data[pos + 2 : pos + 6], "big")
     if length >= 2**31 or pos + HEADER + length > len(data):
         return False
     crc = int.from_bytes(data[pos + 6 : pos + 10], "big")
-    return crc32c_pkg.crc32c(data[pos + HEADER : pos + HEADER + length]) == crc
+    return crc32c(data[pos + HEADER : pos + HEADER + length]) == crc
 
 
 def changed_positions(orig: bytes, damaged: bytes) -> list[int]:
@@ -187,7 +168,7 @@ def check_recovery(
             assume(not undetectable)
             break
         keep += 1
-        last_keep_end = s + fsize(len(p))
+        last_keep_end = s + frame_size(len(p))
     expected = written[:keep]
     expected_end = last_keep_end
     tolerated_ends = {expected_end}
@@ -226,23 +207,23 @@ def check_recovery(
             assert warns == []
             assert sides == []
 
-        got = read_all(q)
+        got = replay(q)
         assert got == expected
         # ---- a new message lands right after the intact prefix and reads back
         new = b"after-" + tag.encode() + bytes(range(37))
         new_off = q.enqueue(new)
         assert new_off - last_base == end
-        assert read_all(q) == [*expected, (new_off, new)]
+        assert replay(q) == [*expected, (new_off, new)]
     finally:
         q.close()
 
     # ---- a second reopen: same result, nothing reported, stale frames never reappear
     with k7_log() as log2:
         with k7core.Queue(d, segment_size=SEGMENT_SIZE, fsync="flush") as q:
-            assert q.end == new_off + fsize(len(new))
-            assert read_all(q, "verify2") == [*expected, (new_off, new)]
+            assert q.end == new_off + frame_size(len(new))
+            assert replay(q, "verify2") == [*expected, (new_off, new)]
         with k7core.Queue(d, readonly=True) as q:
-            assert read_all(q, "verify3") == [*expected, (new_off, new)]
+            assert replay(q, "verify3") == [*expected, (new_off, new)]
     assert log2.warnings() == []
     assert len(torn_files(d)) == len(sides)
 
@@ -269,7 +250,8 @@ def last_segment_layout(payloads: list[bytes], offsets: list[int], last_base: in
     for off, p in zip(offsets, payloads, strict=True):
         if off >= last_base:
             s = off - last_base
-            points += [s, s + 1, s + HEADER - 1, s + HEADER, s + HEADER + len(p), s + fsize(len(p))]
+            points += [s, s + 1, s + HEADER - 1, s + HEADER, s + HEADER + len(p),
+                       s + frame_size(len(p))]
     return sorted({min(max(x, 0), SEGMENT_SIZE - 1) for x in points})
 
 
@@ -299,7 +281,7 @@ def _run(
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="k7-recovery-") as tmp:
         d = Path(tmp) / "q"
-        offsets = write(d, payloads)
+        offsets = write_queue(d, payloads, segment_size=SEGMENT_SIZE)
         assert offsets == sorted(offsets)
         last_base = seg_bases(d)[-1]
         layout = last_segment_layout(payloads, offsets, last_base)
@@ -360,10 +342,10 @@ def test_damage_model_sees_changes() -> None:
     assert Damage("truncate", 0).apply(b"abc") == b""
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp) / "q"
-        offs = write(d, [b"payload", b"x" * 300])
+        offs = write_queue(d, [b"payload", b"x" * 300], segment_size=SEGMENT_SIZE)
         raw = (d / seg_name(0)).read_bytes()
     assert valid_frame_at(raw, offs[0]) and valid_frame_at(raw, offs[1])
-    assert not valid_frame_at(raw, offs[1] + fsize(300))  # zeros after the last frame
+    assert not valid_frame_at(raw, offs[1] + frame_size(300))  # zeros after the last frame
     assert not valid_frame_at(Damage("flip", offs[1] + 200, 1, b"\x01").apply(raw), offs[1])
     assert not valid_frame_at(Damage("flip", offs[1] + 1, 1, b"\x02").apply(raw), offs[1])
     assert not valid_frame_at(raw[: offs[1] + 100], offs[1])
@@ -384,7 +366,7 @@ def test_corrupt_frame_in_sealed_segment(
 ) -> None:
     d = tmp_path / "q"
     payloads = _payloads(120)
-    offsets = write(d, payloads, segment_size=4096)
+    offsets = write_queue(d, payloads, segment_size=4096)
     written = list(zip(offsets, payloads, strict=True))
     bases = seg_bases(d)
     assert len(bases) >= 4
@@ -406,7 +388,7 @@ def test_corrupt_frame_in_sealed_segment(
         assert after == before
         assert not torn_files(d)
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-        assert q.end == offsets[-1] + fsize(len(payloads[-1]))
+        assert q.end == offsets[-1] + frame_size(len(payloads[-1]))
 
         with q.consumer_group("reader") as g:
             got: list[tuple[int, bytes]] = []
@@ -421,10 +403,10 @@ def test_corrupt_frame_in_sealed_segment(
                 g.poll(64, timeout=0)
             assert ei2.value.offset == bad_off
             g.seek(next_base)
-            rest = drain(q, g)
+            rest = drain_to_end(g, q)
             assert rest == [w for w in written if w[0] >= next_base]
         new_off = q.enqueue(b"still writable")
-        assert new_off == q.end - fsize(len(b"still writable"))
+        assert new_off == q.end - frame_size(len(b"still writable"))
     assert (d / seg_name(seg_base)).read_bytes() == before[seg_name(seg_base)]
 
     # a read-only open reports it the same way
@@ -435,16 +417,16 @@ def test_corrupt_frame_in_sealed_segment(
         assert ei3.value.offset == bad_off
         g.seek(next_base)
         later = [w for w in written if w[0] >= next_base]
-        assert drain(q, g) == [*later, (new_off, b"still writable")]
+        assert drain_to_end(g, q) == [*later, (new_off, b"still writable")]
 
 
 def _crash_during_roll(
     d: Path, size: int, fill: bytes = b""
 ) -> tuple[list[tuple[int, bytes]], int]:
     payloads = _payloads(60)
-    offsets = write(d, payloads, segment_size=4096)
+    offsets = write_queue(d, payloads, segment_size=4096)
     assert len(seg_bases(d)) >= 2
-    next_base = offsets[-1] + fsize(len(payloads[-1]))
+    next_base = offsets[-1] + frame_size(len(payloads[-1]))
     (d / seg_name(next_base)).write_bytes(fill or bytes(size))
     return list(zip(offsets, payloads, strict=True)), next_base
 
@@ -460,17 +442,17 @@ def test_zero_length_last_segment(
         # a reader opened before any writer sees everything (the empty segment is empty)
         with k7core.Queue(d, readonly=True) as q:
             assert q.end == next_base
-            assert read_all(q, "ro") == written
+            assert replay(q, "ro") == written
         with k7core.Queue(d, segment_size=reopen_size, fsync="flush") as q:
             assert q.end == next_base
             assert (d / seg_name(next_base)).stat().st_size == reopen_size
             off = q.enqueue(b"first after the crash")
             assert off == next_base
-            assert read_all(q) == [*written, (off, b"first after the crash")]
+            assert replay(q) == [*written, (off, b"first after the crash")]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not torn_files(d)
     with k7core.Queue(d, segment_size=reopen_size, fsync="flush") as q:
-        assert read_all(q) == [*written, (next_base, b"first after the crash")]
+        assert replay(q) == [*written, (next_base, b"first after the crash")]
 
 
 @pytest.mark.parametrize("size", [8, 10, 777, 1000, 4088])
@@ -481,14 +463,14 @@ def test_short_zero_filled_last_segment(
     written, next_base = _crash_during_roll(d, size)
     with caplog.at_level(logging.DEBUG, logger="k7core"):
         with k7core.Queue(d, readonly=True) as q:
-            assert read_all(q, "ro") == written
+            assert replay(q, "ro") == written
         with k7core.Queue(d, segment_size=4096, fsync="flush") as q:
             assert q.end == next_base
             assert (d / seg_name(next_base)).stat().st_size == 4096
             new = [b"m%d" % i * 50 for i in range(100)]
             offs = [q.enqueue(p) for p in new]  # rolls again
             assert offs[0] == next_base
-            assert read_all(q) == [*written, *zip(offs, new, strict=True)]
+            assert replay(q) == [*written, *zip(offs, new, strict=True)]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not torn_files(d)
     assert len(seg_bases(d)) > 3
@@ -506,7 +488,7 @@ def test_short_last_segment_with_garbage_is_cut_and_kept(
     ):
         assert q.end == next_base
         assert q.enqueue(b"x") == next_base
-        assert read_all(q) == [*written, (next_base, b"x")]
+        assert replay(q) == [*written, (next_base, b"x")]
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
     sides = torn_files(d)
     assert len(sides) == 1
@@ -518,20 +500,21 @@ def test_zeroed_length_and_crc_reads_as_an_empty_message(tmp_path: Path) -> None
     fields are a valid empty frame, so this damage is undetectable (k7 itself would stop
     there, as it treats an empty frame as the end of the log)."""
     d = tmp_path / "q"
-    offs = write(d, [b"A" * 100, b"@", b"C" * 5])
+    offs = write_queue(d, [b"A" * 100, b"@", b"C" * 5], segment_size=SEGMENT_SIZE)
     path = d / seg_name(0)
     raw = bytearray(path.read_bytes())
     raw[offs[1] + 2 : offs[1] + HEADER] = bytes(8)  # b"@": frame 16 bytes, as an empty one
     path.write_bytes(bytes(raw))
     with k7core.Queue(d, segment_size=SEGMENT_SIZE, fsync="flush") as q:
-        assert read_all(q) == [(offs[0], b"A" * 100), (offs[1], b""), (offs[2], b"C" * 5)]
+        assert replay(q) == [(offs[0], b"A" * 100), (offs[1], b""), (offs[2], b"C" * 5)]
 
 
 def test_truncation_inside_padding_keeps_offsets_aligned(tmp_path: Path) -> None:
     d = tmp_path / "q"
-    offs = write(d, [b"aaa", b"bbb"])  # 13-byte frames padded to 16
+    # 13-byte frames padded to 16
+    offs = write_queue(d, [b"aaa", b"bbb"], segment_size=SEGMENT_SIZE)
     os.truncate(d / seg_name(0), 16 + 13 + 1)  # inside the padding of the second frame
     with k7core.Queue(d, segment_size=SEGMENT_SIZE, fsync="flush") as q:
         new = q.enqueue(b"new")
-        assert read_all(q) == [(offs[0], b"aaa"), (offs[1], b"bbb"), (new, b"new")]
+        assert replay(q) == [(offs[0], b"aaa"), (offs[1], b"bbb"), (new, b"new")]
     assert new % 8 == 0 and new == 32

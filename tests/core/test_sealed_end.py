@@ -8,41 +8,23 @@ import itertools
 import os
 from pathlib import Path
 
-import _jvmlike
 import pytest
 from click.testing import CliRunner
 
 import k7core
 from k7core.cli import cli
+from tests._queuehelp import consume, encode_frame, read_records, records, seg_bases, seg_name
+from tests.core import _jvmlike
 
 SEGMENT = 4096
 
 
-def _read_group(q: k7core.Queue) -> list[tuple[int, bytes]]:
-    got: list[tuple[int, bytes]] = []
-    with q.consumer_group("check") as g:
-        while batch := g.poll(max_batch=500, timeout=0):
-            got += [(m.offset, bytes(m.payload)) for m in batch]
-            g.ack_many(batch)
-        assert g.position == q.end
-    return got
-
-
-def _read_columnar(q: k7core.Queue) -> list[tuple[int, bytes]]:
-    got: list[tuple[int, bytes]] = []
-    batch = q.read_columnar(0, 100)
-    while len(batch):
-        got += [(batch.offsets[i], bytes(batch.payload(i))) for i in range(len(batch))]
-        batch = q.read_columnar(batch.next, 100)
-    return got
-
-
 def _bytes_after_seal(qdir: Path) -> dict[int, int]:
     """For every sealed segment: how many non-zero bytes its file holds past its seal."""
-    bases = sorted(int(p.name[4:24]) for p in qdir.glob("seg-*.k7"))
+    bases = seg_bases(qdir)
     out = {}
     for base, nxt in itertools.pairwise(bases):
-        tail = (qdir / f"seg-{base:020d}.k7").read_bytes()[nxt - base :]
+        tail = (qdir / seg_name(base)).read_bytes()[nxt - base :]
         out[base] = len(tail.rstrip(b"\0"))
     return out
 
@@ -56,7 +38,7 @@ def torn_then_jvm(tmp_path: Path) -> tuple[Path, list[tuple[int, bytes]]]:
     with k7core.Queue(qdir, segment_size=SEGMENT, fsync="flush") as q:
         sent = [(q.enqueue(b"py-%d" % i), b"py-%d" % i) for i in range(30)]
         end = q.end
-    torn = _jvmlike.frame(b"T" * 3500)[: 10 + 3200]  # header + 3,200 of 3,500 bytes
+    torn = encode_frame(b"T" * 3500)[: 10 + 3200]  # header + 3,200 of 3,500 bytes
     with open(qdir / "seg-00000000000000000000.k7", "r+b") as f:
         f.seek(end)
         f.write(torn)
@@ -77,8 +59,8 @@ def test_reader_stops_at_the_sealed_end(
     qdir, sent = torn_then_jvm
     with k7core.Queue(qdir, readonly=mode == "readonly", segment_size=SEGMENT,
                       fsync="flush") as q:
-        assert _read_group(q) == sent
-        assert _read_columnar(q) == sent
+        assert records(consume(q, "check", max_batch=500)) == sent
+        assert read_records(q, max_messages=100) == sent
         if mode == "writer":
             off = q.enqueue(b"after")
             assert off == q.end - k7core.frame_size(5) and off > sent[-1][0]
@@ -90,13 +72,13 @@ def test_a_valid_frame_past_the_sealed_end_is_never_delivered(
     """Stale bytes can hold a whole valid frame (a JVM writer crashed after writing it but
     before its position moved on); it is not part of the log."""
     qdir, sent = torn_then_jvm
-    bases = sorted(int(p.name[4:24]) for p in qdir.glob("seg-*.k7"))
+    bases = seg_bases(qdir)
     base, nxt = bases[1], bases[2]
-    with open(qdir / f"seg-{base:020d}.k7", "r+b") as f:
+    with open(qdir / seg_name(base), "r+b") as f:
         f.seek(nxt - base)
-        f.write(_jvmlike.frame(b"ghost"))
+        f.write(encode_frame(b"ghost"))
     with k7core.Queue(qdir, readonly=True) as q:
-        got = _read_group(q)
+        got = records(consume(q, "check", max_batch=500))
         assert b"ghost" not in [p for _, p in got]
         assert got == sent
 
@@ -125,5 +107,5 @@ def test_writer_opening_a_sparse_jvm_segment_cuts_nothing(
     with k7core.Queue(qdir, segment_size=segment_size, fsync="flush") as q:
         assert [e.kind for e in q.stats().recovery_events] == []
         assert q.enqueue(b"next") == q.end - k7core.frame_size(4)
-        assert _read_columnar(q)[:3] == list(zip(offs, payloads, strict=True))
+        assert read_records(q, max_messages=100)[:3] == list(zip(offs, payloads, strict=True))
     assert [p.name for p in qdir.iterdir() if p.name.startswith("k7py-torn")] == []

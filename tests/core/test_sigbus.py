@@ -15,6 +15,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests._queuehelp import run_python
+
 PRELUDE = """
 import os, struct, sys
 import k7core
@@ -25,13 +27,7 @@ seg0 = os.path.join(qdir, "seg-00000000000000000000.k7")
 
 
 def _child(tmp_path: Path, body: str) -> list[str]:
-    code = PRELUDE + textwrap.dedent(body)
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "q")],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout.split()
+    return run_python(PRELUDE + textwrap.dedent(body), str(tmp_path / "q")).split()
 
 
 def test_segment_truncated_under_a_reader(tmp_path: Path) -> None:

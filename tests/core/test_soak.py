@@ -49,15 +49,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from _childproc import DEADLINE, Child
-from _soak_children import LAG_CAP, RATE, SEGMENT, offset_of, read_slot
-from test_crash_matrix import _check_log
 
 import k7core
+from tests._childproc import DEADLINE, Child
+from tests._queuehelp import check_log
+from tests.core._soak_children import LAG_CAP, RATE, SEGMENT, offset_of, read_slot
 
 SECONDS = float(os.environ.get("K7_SOAK_SECONDS", "60"))
 SEED = int(os.environ.get("K7_SOAK_SEED", "7"))
-SCRIPT = str(Path(__file__).resolve().parent / "_soak_children.py")
+PROGRAM = "tests.core._soak_children"
 GROUPS = {"g-flush": "flush", "g-async": "async", "g-sync": "sync"}
 LIFE = (0.2, 6.0)  # seconds a process runs before its kill (uniform)
 DOWN = (0.0, 1.0)  # seconds it stays down before its restart (uniform)
@@ -102,7 +102,7 @@ class Proc:
         else:
             args = ["reader", str(self.qdir), self.name, GROUPS[self.name], seed]
         self.lives.append(Life(args, slot))
-        self.child = Child(*args, slot, script=SCRIPT)
+        self.child = Child(*args, slot, program=PROGRAM)
         self.due = float("inf") if final else now + self.rng.uniform(*LIFE)
 
     def tail_next(self) -> int:
@@ -277,7 +277,7 @@ def test_soak(tmp_path: Path) -> None:
     disk.sample(qdir)
     end = offset_of(n)
 
-    first, offsets, log_end = _check_log(qdir, "flush")
+    first, offsets, log_end = check_log(qdir, fsync="flush", segment_size=SEGMENT)
     assert log_end == end, (log_end, end, n)
     if offsets:
         assert first is not None and first + len(offsets) == n and offsets[0] == offset_of(first)

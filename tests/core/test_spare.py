@@ -9,6 +9,7 @@ import pytest
 import k7core
 from k7core._format import SPARE_MIN_SIZE, SPARE_SEGMENT, segment_name
 from k7core._storage import list_segments
+from tests._queuehelp import consume, payloads
 
 SEG = SPARE_MIN_SIZE
 
@@ -19,36 +20,28 @@ def list_segments_names(path: Path) -> list[str]:
 
 def spare_ready(q: k7core.Queue) -> bool:
     """Wait for the background preparation (white-box), then look at the file."""
+    assert q._writer is not None
     spare = q._writer._spare
     assert spare is not None
     spare._join()
     return (q.path / SPARE_SEGMENT).stat().st_size == q.segment_size
 
 
-def drain(q: k7core.Queue, group: str = "check") -> list[bytes]:
-    out: list[bytes] = []
-    with q.consumer_group(group) as cg:
-        while msgs := cg.poll(1024, 0):
-            out += [bytes(m.payload) for m in msgs]
-            cg.ack_many(msgs)
-    return out
-
-
 @pytest.mark.parametrize("fsync", ["flush", "async", "sync"])
 def test_rolls_take_the_spare(tmp_path: Path, fsync: str) -> None:
     path = tmp_path / "q"
-    payloads = [i.to_bytes(4, "big") * 16_384 for i in range(200)]  # 64 KiB each, ~3 segments
+    sent = [i.to_bytes(4, "big") * 16_384 for i in range(200)]  # 64 KiB each, ~3 segments
     with k7core.Queue(path, segment_size=SEG, fsync=fsync) as q:
         assert spare_ready(q)
-        offsets = [q.enqueue(p) for p in payloads[:100]] + q.enqueue_many(payloads[100:])
+        offsets = [q.enqueue(p) for p in sent[:100]] + q.enqueue_many(sent[100:])
         assert len(list_segments_names(path)) >= 3
         assert spare_ready(q)  # the next one is being prepared again
         assert all((path / n).stat().st_size == SEG for n in list_segments_names(path))
         assert offsets == sorted(offsets)
-        assert drain(q) == payloads
+        assert payloads(consume(q, "check", max_batch=1024)) == sent
     assert not (path / SPARE_SEGMENT).exists()  # close removes it
     with k7core.Queue(path, segment_size=SEG, readonly=True) as q:
-        assert drain(q, "again") == payloads
+        assert payloads(consume(q, "again", max_batch=1024)) == sent
 
 
 def test_a_spare_left_by_a_crash_is_replaced(tmp_path: Path) -> None:
@@ -62,7 +55,7 @@ def test_a_spare_left_by_a_crash_is_replaced(tmp_path: Path) -> None:
         q.enqueue(big)
         q.enqueue(big)  # rolls into the (fresh, all-zero) spare
         q.enqueue(b"after")
-        assert drain(q) == [b"before", big, big, b"after"]
+        assert payloads(consume(q, "check", max_batch=1024)) == [b"before", big, big, b"after"]
         assert len(list_segments(path)) == 2
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import k7core
+from tests._queuehelp import run_python, seg_bases, seg_name
 
 SEGMENT = 4096
 
@@ -25,10 +26,6 @@ SEGMENT = 4096
 def _queue(qdir: Path, n: int = 300) -> list[int]:
     with k7core.Queue(qdir, segment_size=SEGMENT, fsync="flush") as q:
         return q.enqueue_many([b"m%04d" % i + b"." * 40 for i in range(n)])
-
-
-def _bases(qdir: Path) -> list[int]:
-    return sorted(int(p.name[4:24]) for p in qdir.glob("seg-*.k7"))
 
 
 def _fifo(path: Path) -> None:
@@ -41,12 +38,9 @@ def _child(qdir: Path, code: str) -> str:
     prog = f"import k7core, pathlib\nqdir = pathlib.Path({str(qdir)!r})\n"
     prog += textwrap.dedent(code)
     try:
-        done = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
-                              timeout=60)
+        return run_python(prog, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail("blocked on the FIFO")
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 EXPECT_STORAGE = """
@@ -60,7 +54,7 @@ except k7core.StorageError as exc:
 def test_fifo_as_the_last_segment(tmp_path: Path) -> None:
     qdir = tmp_path / "q"
     _queue(qdir)
-    last = qdir / f"seg-{_bases(qdir)[-1]:020d}.k7"
+    last = qdir / seg_name(seg_bases(qdir)[-1])
     _fifo(last)
     for call in ("k7core.Queue(qdir, readonly=True)",
                  f"k7core.Queue(qdir, segment_size={SEGMENT})"):
@@ -71,8 +65,8 @@ def test_fifo_as_the_last_segment(tmp_path: Path) -> None:
 def test_fifo_as_a_middle_segment(tmp_path: Path) -> None:
     qdir = tmp_path / "q"
     offs = _queue(qdir)
-    middle = _bases(qdir)[2]
-    _fifo(qdir / f"seg-{middle:020d}.k7")
+    middle = seg_bases(qdir)[2]
+    _fifo(qdir / seg_name(middle))
     out = _child(qdir, """
         q = k7core.Queue(qdir, readonly=True)
         g = q.consumer_group("g")
@@ -113,9 +107,9 @@ def test_fifo_cursor_file_is_not_a_cursor(tmp_path: Path) -> None:
 def test_empty_segment_file_in_the_middle(tmp_path: Path) -> None:
     qdir = tmp_path / "q"
     offs = _queue(qdir)
-    bases = _bases(qdir)
+    bases = seg_bases(qdir)
     empty, after = bases[2], bases[3]
-    os.truncate(qdir / f"seg-{empty:020d}.k7", 0)
+    os.truncate(qdir / seg_name(empty), 0)
     with k7core.Queue(qdir, readonly=True) as q, q.consumer_group("g") as g:
         got: list[int] = []
         for _ in range(2):  # reported again on the next poll, never an empty batch

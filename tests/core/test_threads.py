@@ -8,24 +8,15 @@ test learns it is there from the state it waits on, not from a sleep.
 
 from __future__ import annotations
 
-import mmap
-import struct
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 import k7core
+from tests._queuehelp import read_records, wait_until, waiters
 
 DEADLINE = 30.0
-
-
-def _wait_for(cond: object, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)
 
 
 def test_group_used_while_another_thread_polls(tmp_path: Path) -> None:
@@ -33,14 +24,9 @@ def test_group_used_while_another_thread_polls(tmp_path: Path) -> None:
         g = q.consumer_group("g")
         got: list[list[k7core.Message]] = []
         t = threading.Thread(target=lambda: got.append(g.poll(max_batch=8, timeout=DEADLINE)))
-        with open(tmp_path / "q" / "k7py-position", "rb") as f:
-            pos = mmap.mmap(f.fileno(), 16, prot=mmap.PROT_READ)
-        try:
-            t.start()
-            # the poller is asleep in the kernel once it registered as a waiter
-            _wait_for(lambda: struct.unpack_from("=I", pos, 12)[0] > 0, "the poller to wait")
-        finally:
-            pos.close()
+        t.start()
+        # the poller is asleep in the kernel once it registered as a waiter
+        wait_until(lambda: waiters(q.path) > 0, DEADLINE, "the poller to wait")
         for call in (lambda: g.poll(max_batch=1, timeout=0), lambda: g.ack(0),
                      lambda: g.nack(0), lambda: g.seek(0), g.close, q.close):
             with pytest.raises(k7core.ConcurrentUseError, match="another thread"):
@@ -79,7 +65,7 @@ def test_writer_used_while_another_thread_is_inside_sync(tmp_path: Path) -> None
                     refused.append(exc)
                 return bool(refused)
 
-            _wait_for(refused_once, "the syncer to own the writer")
+            wait_until(refused_once, DEADLINE, "the syncer to own the writer")
             with pytest.raises(k7core.ConcurrentUseError):
                 q.enqueue_many([b"a", b"b"])
             with pytest.raises(k7core.ConcurrentUseError):
@@ -101,21 +87,15 @@ def test_read_columnar_from_several_threads(tmp_path: Path) -> None:
     qdir = tmp_path / "q"
     payloads = [b"%05d:" % i + bytes([97 + i % 26]) * (i % 200) for i in range(5000)]
     with k7core.Queue(qdir, segment_size=4096, fsync="flush") as q:
-        offsets = q.enqueue_many(payloads)
+        expected = list(zip(q.enqueue_many(payloads), payloads, strict=True))
         errors: list[str] = []
         start = threading.Barrier(4)
 
         def scan(seed: int) -> None:
             start.wait()
             for round_ in range(15):
-                got_offs: list[int] = []
-                got: list[bytes] = []
-                off, size = 0, 1 + (seed * 7 + round_ * 13) % 300
-                while len(batch := q.read_columnar(off, size)):
-                    got_offs += batch.offsets
-                    got += [bytes(batch.payload(i)) for i in range(len(batch))]
-                    off = batch.next
-                if got != payloads or got_offs != offsets:
+                size = 1 + (seed * 7 + round_ * 13) % 300
+                if read_records(q, 0, size) != expected:
                     errors.append(f"thread {seed} round {round_}: wrong read")
                     return
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests._queuehelp import ROOT
 
 
 def test_the_summary_says_why_a_test_was_skipped(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@
 # Python kernel tests against them: sanitize_python.sh [OUTDIR [PYTEST ARGS...]].
 # Default tests: the kernel's (tests/native/test_kernel.py), recovery and format (which
 # drive the scanners through the library), and the API, fault, spare and thread tests
-# (the fast paths of _fast, the fault-injection globals of both copies, the flusher thread),
+# (the fast paths of _fast, the kernel's fault-injection global, the flusher thread),
 # and a damaged directory (the cursor walk, the SIGBUS guard's zero pages) and permissions.
 # Any sanitizer report aborts the run (nonzero exit, report on stderr). PYTHON picks the
 # interpreter (it needs pytest, hypothesis, crc32c, cffi, setuptools); CC the compiler.

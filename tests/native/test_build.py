@@ -45,3 +45,20 @@ def test_cffi_module_compiles_without_warnings(tmp_path: Path) -> None:
     source = tmp_path / "_k7.c"
     _builder().emit_c_code(str(source))
     _gcc(source, NATIVE, Path(sysconfig.get_paths()["include"]))
+
+
+def _kernel_functions() -> list[str]:
+    return [k.split()[1] for k in _builder()._parser._declarations if k.startswith("function ")]
+
+
+def test_kernel_is_compiled_once() -> None:
+    """k7.c and k7_bus.c are in the cffi module only: _fast names none of their functions
+    (neither defines nor imports one; it calls them through the bound k7_api table)."""
+    from k7core._native import _fast, _k7
+
+    fast = Path(_fast.__file__ or "").read_bytes()
+    cffi_module = Path(_k7.__file__ or "").read_bytes()
+    for name in _kernel_functions():
+        symbol = b"\0" + name.encode() + b"\0"  # a whole name in a string table
+        assert symbol in cffi_module, name
+        assert symbol not in fast, name

@@ -1,7 +1,8 @@
 """Tests of the C kernel (k7core/_native/k7.c) through cffi.
 
 * CRC32C against the ``crc32c`` package (hardware path, and the software path that arm64 uses).
-* Differential tests: C against the pure-Python reference (``_reference.py``), byte for byte.
+* Differential tests: C against the pure-Python reference (``_reference.py`` here), byte
+  for byte.
 * Fuzzing of the scanners on guard-paged memory: any read outside ``[buf, buf + cap)`` faults.
 * Writer, publication/wait, bell and cursor behaviour.
 
@@ -16,7 +17,6 @@ import importlib.util
 import itertools
 import mmap
 import random
-import struct
 import sys
 import threading
 import time
@@ -25,13 +25,14 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import _reference as ref
 import crc32c
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from k7core._native._k7 import ffi, lib
 
-from k7core._native import _reference as ref
+from k7core._format import CURSOR_SIZE, encode_cursor
+from k7core._native._k7 import ffi, lib
 
 SETTINGS = settings(
     max_examples=200,
@@ -129,20 +130,11 @@ def reference_log(
 # --------------------------------------------------------------------------- CRC32C
 
 
-def test_smoke_constants_and_check_value() -> None:
+def test_crc_check_value() -> None:  # the constants: test_header.py
     assert lib.k7_crc32c(0, b"123456789", 9) == 0xE3069283
     assert crc32c.crc32c(b"123456789") == 0xE3069283
     assert ref.crc32c(b"123456789") == 0xE3069283
     assert lib.k7_crc32c(0, b"", 0) == 0
-    assert (lib.K7_HEADER, lib.K7_MAGIC, lib.K7_FLAG_COMMITTED) == (ref.HEADER, ref.MAGIC, 1)
-    assert lib.K7_MAX_LEN == ref.MAX_LEN
-    assert (lib.K7_SCAN_OK, lib.K7_SCAN_EMPTY, lib.K7_SCAN_CORRUPT) == (
-        ref.SCAN_OK,
-        ref.SCAN_EMPTY,
-        ref.SCAN_CORRUPT,
-    )
-    assert lib.K7_NOFIT == ref.NOFIT == -1
-    assert (lib.K7_EIO, lib.K7_BADOFFSETS) == (-2, -3)
     assert lib.k7_crc32c_hardware() >= 0  # a truth value (not necessarily 1)
 
 
@@ -262,7 +254,7 @@ def test_write_frame_nofit_and_bad_lengths() -> None:
     assert bytes(buf) == before
     # exact fit; empty payload is a 16-byte frame with CRC 0
     assert c_write(buf, 64, 48, b"") == 64
-    assert bytes(buf[48:64]) == b"K\x01" + bytes(14)
+    assert bytes(buf[48:64]) == ref.encode_frame(b"")
     assert c_write(buf, 64, 0, b"y" * 54) == 64
     for n in (0, 1, 6, 7, 14, 15, 100):
         assert lib.k7_frame_size(n) == ref.frame_size(n) == -(-(10 + n) // 8) * 8
@@ -583,7 +575,9 @@ def test_fuzz_write_frame_stays_in_bounds(
 class Writer:
     """A ``k7_writer`` over ``seg`` (a bytearray or a mapping) with its own pub and bell."""
 
-    def __init__(self, seg: Any, cap: int | None = None, base: int = 0, mode: int = 0) -> None:
+    def __init__(
+        self, seg: Any, cap: int | None = None, base: int = 0, mode: int = lib.K7_MODE_FLUSH
+    ) -> None:
         self.seg = seg
         self.seg_c = ffi.from_buffer("uint8_t[]", seg)
         self.pub = ffi.new("k7_pos *")
@@ -654,7 +648,7 @@ def test_append_matches_reference(cap: int, base: int, payloads: list[bytes]) ->
         assert (wr.w.pos, wr.w.written, wr.end) == (nxt, nxt, base + nxt)
         assert wr.pub.seq == before[4] + 1
         assert bytes(wr.seg) == mirror
-    assert wr.bell.seq == 0  # mode 0 never rings the flusher
+    assert wr.bell.seq == 0  # "flush" never rings the flusher
 
 
 @SETTINGS
@@ -842,7 +836,7 @@ def file_map(tmp_path: Path) -> Iterator[Callable[[int], mmap.mmap]]:
 
 def test_writer_mode_async_and_sync(file_map: Callable[[int], mmap.mmap]) -> None:
     seg = file_map(2 * PAGE)
-    wr = Writer(seg, base=1 << 20, mode=1)
+    wr = Writer(seg, base=1 << 20, mode=lib.K7_MODE_ASYNC)
     assert lib.k7_append(wr.w, b"hello", 5) == 1 << 20
     assert wr.bell.seq == 1 and wr.end == 0  # async: rings the flusher, publishes later
     assert wr.w.written == 16 and wr.w.synced == 0
@@ -851,7 +845,7 @@ def test_writer_mode_async_and_sync(file_map: Callable[[int], mmap.mmap]) -> Non
     assert lib.k7_writer_sync(wr.w) == 0 and wr.w.nsyncs == 1  # nothing new: no msync
 
     seg2 = file_map(2 * PAGE)
-    wr2 = Writer(seg2, base=0, mode=2)
+    wr2 = Writer(seg2, base=0, mode=lib.K7_MODE_SYNC)
     assert lib.k7_append(wr2.w, b"x" * PAGE, PAGE) == 0
     assert (wr2.w.nsyncs, wr2.w.synced, wr2.end, wr2.w.err) == (1, PAGE + 16, PAGE + 16, 0)
     assert wr2.bell.seq == 0
@@ -860,7 +854,7 @@ def test_writer_mode_async_and_sync(file_map: Callable[[int], mmap.mmap]) -> Non
 
 def test_rollback_below_synced_then_sync_flushes(file_map: Callable[[int], mmap.mmap]) -> None:
     seg = file_map(PAGE)
-    wr = Writer(seg, mode=1)
+    wr = Writer(seg, mode=lib.K7_MODE_ASYNC)
     assert lib.k7_append(wr.w, b"first", 5) == 0
     assert lib.k7_writer_sync(wr.w) == 0 and wr.w.nsyncs == 1
     lib.k7_writer_rollback(wr.w, 0)
@@ -979,15 +973,15 @@ def make_cursor(m: mmap.mmap, mode: int) -> tuple[Any, Any, Any]:
 @given(values=st.lists(st.integers(I64_MIN, I64_MAX), min_size=1, max_size=5))
 def test_cursor_store_load_big_endian(values: list[int]) -> None:
     m = mmap.mmap(-1, PAGE)
-    c, bell, ptr = make_cursor(m, 0)
+    c, bell, ptr = make_cursor(m, lib.K7_MODE_FLUSH)
     m[8:16] = b"\xee" * 8
     for v in values:
         assert lib.k7_cursor_store(c, v) == 0
-        assert m[:8] == struct.pack(">q", v)
+        assert m[:CURSOR_SIZE] == encode_cursor(v)
         assert lib.k7_cursor_load(c) == v
         assert m[8:16] == b"\xee" * 8  # only the first 8 bytes
     assert (c.dirty, bell.seq) == (0, 0)
-    m[:8] = struct.pack(">q", values[0])
+    m[:CURSOR_SIZE] = encode_cursor(values[0])
     assert lib.k7_cursor_load(c) == values[0]
     ffi.release(ptr)
     m.close()
@@ -997,7 +991,7 @@ def test_cursor_async_mode_dirty_and_bell(
     file_map: Callable[[int], mmap.mmap], tmp_path: Path
 ) -> None:
     m = file_map(PAGE)
-    c, bell, _ = make_cursor(m, 1)
+    c, bell, _ = make_cursor(m, lib.K7_MODE_ASYNC)
     assert lib.k7_cursor_store(c, 1234) == 0
     assert (c.dirty, bell.seq) == (1, 1)
     assert lib.k7_cursor_store(c, -5) == 0
@@ -1006,16 +1000,16 @@ def test_cursor_async_mode_dirty_and_bell(
     assert lib.k7_cursor_sync(c) == 0
     assert (c.dirty, c.err) == (0, 0)
     assert lib.k7_cursor_sync(c) == 0  # clean: nothing to do
-    assert (tmp_path / "map0").read_bytes()[:8] == struct.pack(">q", -5)
+    assert (tmp_path / "map0").read_bytes()[:CURSOR_SIZE] == encode_cursor(-5)
     assert lib.k7_cursor_store(c, 2**40) == 0
     assert (c.dirty, bell.seq) == (1, 2)
 
 
 def test_cursor_sync_mode(file_map: Callable[[int], mmap.mmap], tmp_path: Path) -> None:
     m = file_map(PAGE)
-    c, bell, _ = make_cursor(m, 2)
+    c, bell, _ = make_cursor(m, lib.K7_MODE_SYNC)
     assert lib.k7_cursor_store(c, I64_MAX) == 0
     assert (c.dirty, bell.seq, c.err) == (0, 0, 0)
-    assert (tmp_path / "map0").read_bytes()[:8] == struct.pack(">q", I64_MAX)
+    assert (tmp_path / "map0").read_bytes()[:CURSOR_SIZE] == encode_cursor(I64_MAX)
     assert lib.k7_cursor_load(c) == I64_MAX
     assert lib.k7_cursor_sync(c) == 0

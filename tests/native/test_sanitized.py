@@ -4,8 +4,8 @@
   the fuzz driver ``fuzz_kernel.c`` and runs it over random and mutated segment images (see
   the driver's header). ``K7_FUZZ_ITERATIONS`` sets how many per seed (default 50,000, two
   seeds).
-* ``tests/native/sanitize_python.sh`` builds both compiled modules (``_k7`` and ``_fast``,
-  each with its own copy of ``k7.c``) with the same sanitizers in a copy of the package and
+* ``tests/native/sanitize_python.sh`` builds both compiled modules (``_k7``, the one build of
+  ``k7.c``, and ``_fast``, which calls it) with the same sanitizers in a copy of the package and
   runs the Python kernel, recovery, format, API, fault, spare and thread tests against them.
 
 Any sanitizer report, broken invariant or failed test fails these tests with the output.

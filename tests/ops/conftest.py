@@ -1,10 +1,15 @@
-"""The ops tests share the child-process helpers of ``tests/core``."""
+"""Fixtures of the command-line tests."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-_CORE = str(Path(__file__).resolve().parents[1] / "core")
-if _CORE not in sys.path:
-    sys.path.insert(0, _CORE)
+import pytest
+
+from tests._queuehelp import closed_queue
+
+
+@pytest.fixture
+def qdir(tmp_path: Path) -> Path:
+    """A closed queue of 200 messages over several 4 KiB segments (``closed_queue``)."""
+    return closed_queue(tmp_path / "q")

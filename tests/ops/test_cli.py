@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -12,53 +11,20 @@ from pathlib import Path
 import pytest
 
 import k7core
-
-K7 = Path(sys.executable).parent / "k7"
-SEG = 4096
-TIMEOUT = 120
-
-
-def k7(*args: str | Path, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-    if not K7.exists():
-        pytest.fail(f"the console script {K7} is not installed (pip install -e '.[test]')")
-    return subprocess.run([str(K7), *map(str, args)], input=stdin, capture_output=True,
-                          timeout=TIMEOUT, check=False)
-
-
-def msg(i: int) -> bytes:
-    return b"message %d " % i + b"." * (i % 50)
-
-
-@pytest.fixture
-def qdir(tmp_path: Path) -> Path:
-    return closed_queue(tmp_path / "q")
-
-
-def closed_queue(d: Path) -> Path:
-    """A closed queue of 200 messages over several 4 KiB segments, groups a (60 acked) and
-    b (nothing acked)."""
-    with k7core.Queue(d, segment_size=SEG, fsync="flush") as q:
-        q.enqueue_many([msg(i) for i in range(200)])
-        with q.consumer_group("a") as a:
-            a.ack_many(a.poll(max_batch=60))
-        q.consumer_group("b").close()
-    return d
-
-
-def offsets_of(d: Path) -> list[int]:
-    with k7core.Queue(d, readonly=True) as q:
-        out: list[int] = []
-        off = 0
-        while len(b := q.read_columnar(off)):
-            out += list(b.offsets)
-            off = b.next
-        return out
-
-
-def snapshot(d: Path) -> dict[str, tuple[int, int, str]]:
-    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns,
-                     hashlib.sha256(p.read_bytes()).hexdigest()) for p in sorted(d.iterdir())}
-
+from k7core._format import encode_frame_header
+from tests._queuehelp import (
+    CLI_SEG,
+    K7,
+    K7_TIMEOUT,
+    cli_message,
+    k7,
+    offsets_of,
+    read_all,
+    run_python,
+    seg_bases,
+    seg_paths,
+    snapshot,
+)
 
 # ---------------------------------------------------------------------------------- info
 
@@ -69,7 +35,7 @@ def test_info_json_and_table(qdir: Path) -> None:
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
     assert st["earliest_offset"] == 0 and st["segment_count"] >= 3
-    assert st["next_offset"] == offs[-1] + k7core.frame_size(len(msg(199)))
+    assert st["next_offset"] == offs[-1] + k7core.frame_size(len(cli_message(199)))
     groups = {g["name"]: g for g in st["groups"]}
     assert groups["a"]["committed"] == offs[60] and groups["a"]["lag_messages"] == 140
     assert groups["b"]["committed"] == 0 and groups["b"]["lag_messages"] == 200
@@ -112,10 +78,10 @@ def test_bad_arguments_exit_2(qdir: Path) -> None:
 
 def test_python_dash_m_and_import_without_cli_deps(qdir: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "k7core", "info", str(qdir), "--json"],
-                       capture_output=True, timeout=TIMEOUT, check=False)
+                       capture_output=True, timeout=K7_TIMEOUT, check=False)
     assert r.returncode == 0 and json.loads(r.stdout)["segment_count"] >= 3
     code = "import sys, k7core; assert not {'click', 'rich'} & set(sys.modules), sys.modules"
-    assert subprocess.run([sys.executable, "-c", code], timeout=TIMEOUT).returncode == 0
+    run_python(code, timeout=K7_TIMEOUT)
 
 
 # ---------------------------------------------------------------------------------- verify
@@ -123,7 +89,7 @@ def test_python_dash_m_and_import_without_cli_deps(qdir: Path) -> None:
 
 def test_verify_clean_and_never_writes(qdir: Path) -> None:
     before = snapshot(qdir)
-    with k7core.Queue(qdir, segment_size=SEG, fsync="flush"):  # a live writer: no lock taken
+    with k7core.Queue(qdir, segment_size=CLI_SEG, fsync="flush"):  # a live writer: no lock taken
         before = snapshot(qdir)
         r = k7("verify", qdir)
         assert r.returncode == 0, r.stderr
@@ -149,23 +115,25 @@ def test_verify_reports_a_cursor_inside_a_frame_or_past_the_end(qdir: Path) -> N
 
 def test_verify_reports_corrupt_frames_and_the_torn_tail(qdir: Path) -> None:
     offs = offsets_of(qdir)
-    segs = sorted(p for p in qdir.iterdir() if p.name.startswith("seg-"))
-    base1 = int(segs[1].name[4:24])
+    segs, bases = seg_paths(qdir), seg_bases(qdir)
+    base1 = bases[1]
     bad = [o for o in offs if o > base1][2]  # the third frame of the second segment
     with open(segs[1], "r+b") as f:
         f.seek(bad - base1 + 12)
         f.write(b"\xff")  # a payload byte: the CRC no longer matches
-    last_base = int(segs[-1].name[4:24])
-    end = offs[-1] + k7core.frame_size(len(msg(199)))
+    last_base = bases[-1]
+    end = offs[-1] + k7core.frame_size(len(cli_message(199)))
+    torn = encode_frame_header(0x30, 0) + b"half"  # a torn frame after a gap of 16 bytes
     with open(segs[-1], "r+b") as f:
         f.seek(end - last_base + 16)
-        f.write(b"K\x01\x00\x00\x00\x30half")  # a torn frame after a gap
+        f.write(torn)
     before = snapshot(qdir)
     r = k7("verify", qdir)
     assert r.returncode == 1, (r.stdout, r.stderr)
     out = r.stdout.decode()
     assert f"corrupt frame: {segs[1].name} offset {bad} " in out
-    assert f"torn tail: {segs[-1].name} offset {end} " in out and "26 bytes" in out
+    assert f"torn tail: {segs[-1].name} offset {end} " in out
+    assert f"{16 + len(torn)} bytes" in out
     assert "199 valid frames" in out  # every other frame, the ones after the bad one too
     assert snapshot(qdir) == before  # no side file, nothing cut
 
@@ -176,29 +144,29 @@ def test_verify_reports_corrupt_frames_and_the_torn_tail(qdir: Path) -> None:
 def test_tail_formats_and_ranges(qdir: Path) -> None:
     offs = offsets_of(qdir)
     r = k7("tail", qdir)
-    assert r.returncode == 0 and r.stdout.splitlines() == [msg(i) for i in range(200)]
+    assert r.returncode == 0 and r.stdout.splitlines() == [cli_message(i) for i in range(200)]
     r = k7("tail", qdir, "--from", str(offs[10]), "--max", "3", "--offsets")
-    assert r.stdout.splitlines() == [b"%d\t%s" % (offs[i], msg(i)) for i in (10, 11, 12)]
+    assert r.stdout.splitlines() == [b"%d\t%s" % (offs[i], cli_message(i)) for i in (10, 11, 12)]
     r = k7("tail", qdir, "--max", "2", "--format", "hex")
-    assert r.stdout.splitlines() == [msg(i).hex().encode() for i in (0, 1)]
+    assert r.stdout.splitlines() == [cli_message(i).hex().encode() for i in (0, 1)]
     r = k7("tail", qdir, "--max", "2", "--format", "json")
     assert [json.loads(x) for x in r.stdout.splitlines()] == [
-        {"offset": offs[i], "payload": msg(i).decode()} for i in (0, 1)]
+        {"offset": offs[i], "payload": cli_message(i).decode()} for i in (0, 1)]
     r = k7("tail", qdir, "--max", "3", "--format", "raw")
-    assert r.stdout == msg(0) + msg(1) + msg(2)
+    assert r.stdout == cli_message(0) + cli_message(1) + cli_message(2)
     assert k7("tail", qdir, "--from", "latest").stdout == b""
 
 
 def test_tail_with_a_group_acks_what_it_prints(qdir: Path) -> None:
     offs = offsets_of(qdir)
     r = k7("tail", qdir, "--group", "a", "--max", "5")
-    assert r.returncode == 0 and r.stdout.splitlines() == [msg(i) for i in range(60, 65)]
+    assert r.returncode == 0 and r.stdout.splitlines() == [cli_message(i) for i in range(60, 65)]
     r = k7("tail", qdir, "--group", "a", "--max", "2")
-    assert r.stdout.splitlines() == [msg(65), msg(66)]
+    assert r.stdout.splitlines() == [cli_message(65), cli_message(66)]
     with k7core.Queue(qdir, readonly=True) as q:
         assert {g.name: g.committed for g in q.stats().groups}["a"] == offs[67]
     r = k7("tail", qdir, "--group", "new", "--from", str(offs[198]))
-    assert r.stdout.splitlines() == [msg(198), msg(199)]
+    assert r.stdout.splitlines() == [cli_message(198), cli_message(199)]
     with k7core.Queue(qdir, readonly=True) as q, q.consumer_group("a") as g:
         r = k7("tail", qdir, "--group", "a")  # owned by this process
         assert r.returncode == 3 and b"GroupBusyError" in r.stderr
@@ -206,17 +174,17 @@ def test_tail_with_a_group_acks_what_it_prints(qdir: Path) -> None:
 
 
 def test_tail_follow_waits_for_new_messages(tmp_path: Path) -> None:
-    with k7core.Queue(tmp_path, segment_size=SEG, fsync="flush") as q:
+    with k7core.Queue(tmp_path, segment_size=CLI_SEG, fsync="flush") as q:
         proc = subprocess.Popen([str(K7), "tail", str(tmp_path), "--follow", "--max", "40"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            q.enqueue_many([msg(i) for i in range(40)])  # crosses segments while it waits
-            out, err = proc.communicate(timeout=TIMEOUT)
+            q.enqueue_many([cli_message(i) for i in range(40)])  # crosses segments while it waits
+            out, err = proc.communicate(timeout=K7_TIMEOUT)
         finally:
             proc.kill()
-            proc.wait(timeout=TIMEOUT)
+            proc.wait(timeout=K7_TIMEOUT)
         assert proc.returncode == 0, err
-        assert out.splitlines() == [msg(i) for i in range(40)]
+        assert out.splitlines() == [cli_message(i) for i in range(40)]
 
 
 # ---------------------------------------------------------------------------------- produce
@@ -229,10 +197,8 @@ def test_produce_lines_and_null_separated(qdir: Path) -> None:
     r = k7("produce", qdir, "--null", stdin=b"a\nb\0c")
     assert r.returncode == 0, r.stderr
     with k7core.Queue(qdir, readonly=True) as q:
-        from _queuehelp import read_all
-
         assert read_all(q)[200:] == [b"one", b"two", b"", b"four", b"five", b"a\nb", b"c"]
-        assert max(s.size for s in q.stats().segments) == SEG  # new segments match the old
+        assert max(s.size for s in q.stats().segments) == CLI_SEG  # new segments match the old
 
 
 def test_produce_create_and_locked(tmp_path: Path) -> None:
@@ -244,8 +210,6 @@ def test_produce_create_and_locked(tmp_path: Path) -> None:
     with k7core.Queue(d, segment_size=65536, fsync="flush") as q:
         r = k7("produce", d, stdin=b"z\n")
         assert r.returncode == 3 and b"QueueLockedError" in r.stderr and b"locked" in r.stderr
-        from _queuehelp import read_all
-
         assert read_all(q) == [b"x", b"y"]
 
 
@@ -262,7 +226,7 @@ def test_group_list_seek_delete(qdir: Path) -> None:
     r = k7("group", qdir, "seek", "a", "earliest")
     assert r.returncode == 0
     assert r.stdout.decode().strip() == f"group 'a': committed {offs[60]} -> 0"
-    end = offs[-1] + k7core.frame_size(len(msg(199)))
+    end = offs[-1] + k7core.frame_size(len(cli_message(199)))
     assert k7("group", qdir, "seek", "a", "latest").returncode == 0
     with k7core.Queue(qdir, readonly=True) as q:
         assert {g.name: g.committed for g in q.stats().groups} == {"a": end, "b": offs[7]}
@@ -284,14 +248,13 @@ def test_repair_cuts_the_torn_tail_into_a_side_file(qdir: Path) -> None:
     r = k7("repair", qdir)
     assert r.returncode == 0 and b"nothing to repair" in r.stdout
     offs = offsets_of(qdir)
-    end = offs[-1] + k7core.frame_size(len(msg(199)))
-    last = max(p for p in qdir.iterdir() if p.name.startswith("seg-"))
-    base = int(last.name[4:24])
-    torn = b"K\x01\x00\x00\x00\x40torn!"
+    end = offs[-1] + k7core.frame_size(len(cli_message(199)))
+    last, base = seg_paths(qdir)[-1], seg_bases(qdir)[-1]
+    torn = encode_frame_header(0x40, 0) + b"torn!"
     with open(last, "r+b") as f:
         f.seek(end - base)
         f.write(torn)
-    with k7core.Queue(qdir, segment_size=SEG, fsync="flush"):
+    with k7core.Queue(qdir, segment_size=CLI_SEG, fsync="flush"):
         r = k7("repair", qdir)
         assert r.returncode == 3 and b"writer" in r.stderr
     # the writer's open above already cut it: tear it again for repair
@@ -321,8 +284,7 @@ def test_bench_quick(tmp_path: Path) -> None:
 
 
 def test_verify_a_gap_and_a_short_sealed_segment(qdir: Path) -> None:
-    segs = sorted(p for p in qdir.iterdir() if p.name.startswith("seg-"))
-    base0, base1 = (int(p.name[4:24]) for p in segs[:2])
+    segs, (base0, base1, *_) = seg_paths(qdir), seg_bases(qdir)
     offs = [o for o in offsets_of(qdir) if o < base1]
     with open(segs[0], "r+b") as f:  # zero the header of the last frame of segment 0
         f.seek(offs[-1] - base0)

@@ -5,11 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_cli import SEG, k7, offsets_of, qdir
 
 import k7core
-
-__all__ = ["qdir"]  # the fixture
+from tests._queuehelp import CLI_SEG, k7, offsets_of
 
 
 @pytest.mark.parametrize("command", [["info"], ["verify"], ["tail"], ["group", "{}", "list"]])
@@ -47,7 +45,7 @@ def test_group_seek_checks_the_offset_as_the_library_does(qdir: Path) -> None:
 
 def test_group_seek_before_the_earliest_offset(qdir: Path) -> None:
     """Allowed, as in the library; the command says what the group's next poll does."""
-    with k7core.Queue(qdir, segment_size=SEG, retention_bytes=0) as q:
+    with k7core.Queue(qdir, segment_size=CLI_SEG, retention_bytes=0) as q:
         earliest = q.earliest()
     assert earliest > 0
     r = k7("group", qdir, "seek", "b", "0")

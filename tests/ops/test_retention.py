@@ -10,28 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from _childproc import Child, payload
 
 import k7core
+from tests._childproc import Child
+from tests._queuehelp import fill, message, payload, read_records, seg_bases, seg_name
 
 SEG = 4096
 FRAME = 112  # a 100-byte payload
-
-
-def seg_bases(d: Path) -> list[int]:
-    return sorted(int(n[4:24]) for n in os.listdir(d) if n.startswith("seg-"))
-
-
-def fill(q: k7core.Queue, n: int) -> list[int]:
-    return q.enqueue_many([b"%05d" % i + b"r" * 95 for i in range(n)])
-
-
-def read_from(q: k7core.Queue, off: int) -> list[tuple[int, bytes]]:
-    out = []
-    while len(b := q.read_columnar(off)):
-        out += [(b.offsets[i], bytes(b.payload(i))) for i in range(len(b))]
-        off = b.next
-    return out
 
 
 def test_consumed_deletes_only_what_every_group_committed(tmp_path: Path) -> None:
@@ -50,7 +35,7 @@ def test_consumed_deletes_only_what_every_group_committed(tmp_path: Path) -> Non
         b.ack_many(b.poll(max_batch=200))
         fill(q, 36)  # a roll: retention runs there too
         assert seg_bases(tmp_path)[0] == 4 * 36 * FRAME  # a is at the end of segment 3
-        assert [p for _, p in read_from(q, q.earliest())][:1] == [b"%05d" % 144 + b"r" * 95]
+        assert [p for _, p in read_records(q, q.earliest())][:1] == [message(144)]
         assert len(offs) == 180
 
 
@@ -71,7 +56,7 @@ def test_byte_limit_deletes_unconsumed_oldest_first_and_readers_get_data_loss(
         assert first == []
         fill(q, 36 * 6)  # 6 full segments + a new one after the last roll? no: 6 segments
         bases = seg_bases(tmp_path)
-        assert len(bases) == 3 and sum(os.path.getsize(tmp_path / f"seg-{b:020d}.k7")
+        assert len(bases) == 3 and sum(os.path.getsize(tmp_path / seg_name(b))
                                        for b in bases) <= 3 * SEG
         assert bases[-1] == 5 * 36 * FRAME  # the segment being written is kept
         with pytest.raises(k7core.DataLossError) as ei:
@@ -94,7 +79,7 @@ def test_byte_limit_deletes_unconsumed_oldest_first_and_readers_get_data_loss(
         assert seg_bases(tmp_path) == bases[-1:]  # applied at open
         assert q.stats().retention_deleted_segments == len(bases) - 1
         off = q.enqueue(b"after")
-        assert read_from(q, q.earliest())[-1] == (off, b"after")
+        assert read_records(q, q.earliest())[-1] == (off, b"after")
         fill(q, 36 * 2)
         assert len(seg_bases(tmp_path)) == 1  # and at every roll
 
@@ -106,10 +91,10 @@ def test_age_limit(tmp_path: Path) -> None:
         assert len(bases) == 4 and q.enforce_retention() == []
         old = time.time() - 3600
         for b in bases[:2]:
-            os.utime(tmp_path / f"seg-{b:020d}.k7", (old, old))
+            os.utime(tmp_path / seg_name(b), (old, old))
         assert q.enforce_retention() == bases[:2]
         for b in bases[2:]:  # the segment being written is never deleted
-            os.utime(tmp_path / f"seg-{b:020d}.k7", (old, old))
+            os.utime(tmp_path / seg_name(b), (old, old))
         assert q.enforce_retention() == [bases[2]] and seg_bases(tmp_path) == bases[-1:]
 
 
@@ -122,9 +107,9 @@ def test_reopen_after_retention(tmp_path: Path) -> None:
     for kw in ({"readonly": True}, {"segment_size": SEG, "fsync": "flush"}):
         with open(tmp_path / "cursor-g.k7", "r+b") as f:
             f.write(bytes(8))  # committed 0 again (the jump below commits the earliest)
-        with k7core.Queue(tmp_path, **kw) as q:  # type: ignore[arg-type]
+        with k7core.Queue(tmp_path, **kw) as q:
             assert q.earliest() == bases[0] and q.stats().earliest_offset == bases[0]
-            got = read_from(q, q.earliest())
+            got = read_records(q, q.earliest())
             assert [o for o, _ in got] == offs[36 * 3 :]
             with pytest.raises(k7core.DataLossError), q.consumer_group("g") as g:
                 g.poll(timeout=0)
@@ -137,7 +122,7 @@ def test_reopen_after_retention(tmp_path: Path) -> None:
 def test_bad_retention_arguments(tmp_path: Path) -> None:
     for kw in ({"retention": "all"}, {"retention_bytes": -1}, {"retention_age": -1.0}):
         with pytest.raises(ValueError):
-            k7core.Queue(tmp_path, **kw)  # type: ignore[arg-type]
+            k7core.Queue(tmp_path, **kw)
     with pytest.raises(TypeError, match="retention_bytes must be an int"):
         k7core.Queue(tmp_path, retention_bytes=1.5)  # type: ignore[arg-type]
     with k7core.Queue(tmp_path, fsync="flush", segment_size=SEG) as q, pytest.raises(ValueError):
@@ -183,7 +168,7 @@ def check_log(d: Path, reported: dict[int, int]) -> tuple[int, int]:
     with k7core.Queue(d, segment_size=SEG, fsync="flush") as q:
         bases = seg_bases(d)
         assert q.earliest() == bases[0] == q.stats().earliest_offset
-        got = read_from(q, bases[0])
+        got = read_records(q, bases[0])
         if not got:
             return 0, -1
         assert got[0][0] == bases[0]
@@ -230,7 +215,7 @@ def test_every_prefix_of_a_deletion_reopens_consistently(tmp_path: Path) -> None
     bases = seg_bases(tmp_path)
     assert len(bases) >= 6
     for k in range(1, len(bases)):
-        os.unlink(tmp_path / f"seg-{bases[k - 1]:020d}.k7")
+        os.unlink(tmp_path / seg_name(bases[k - 1]))
         _, last = check_log(tmp_path, {})
         assert last == 299 and seg_bases(tmp_path)[0] == bases[k]
 
@@ -284,5 +269,5 @@ def test_a_failed_deletion_never_fails_a_write(
         first.rmdir()
         sealed = [36 * FRAME * k for k in range(1, 4)]
         for b in sealed:
-            os.utime(tmp_path / f"seg-{b:020d}.k7", (old, old))
+            os.utime(tmp_path / seg_name(b), (old, old))
         assert q.enforce_retention() == sealed  # not the current

@@ -8,15 +8,13 @@ import logging
 from pathlib import Path
 
 import pytest
-from _childproc import Child
 
 import k7core
+from k7core._format import encode_frame_header
+from tests._childproc import Child
+from tests._queuehelp import fill
 
 SEG = 4096
-
-
-def fill(q: k7core.Queue, n: int, size: int = 100) -> list[int]:
-    return q.enqueue_many([b"%04d" % i + b"x" * (size - 4) for i in range(n)])
 
 
 def test_queue_stats_offsets_segments_groups(tmp_path: Path) -> None:
@@ -64,14 +62,15 @@ def test_recovery_event_for_a_torn_tail(tmp_path: Path, caplog: pytest.LogCaptur
     with k7core.Queue(tmp_path, segment_size=SEG, fsync="flush") as q:
         end = fill(q, 3)[-1] + 112
     seg = tmp_path / "seg-00000000000000000000.k7"
-    with open(seg, "r+b") as f:  # half a frame after the last one
+    torn = encode_frame_header(0x40, 0) + b"garbage"  # half a frame after the last one
+    with open(seg, "r+b") as f:
         f.seek(end)
-        f.write(b"K\x01\x00\x00\x00\x40garbage")
+        f.write(torn)
     with caplog.at_level(logging.WARNING, "k7core"), k7core.Queue(
         tmp_path, segment_size=SEG, fsync="flush"
     ) as q:
         (ev,) = q.stats().recovery_events
-        assert (ev.kind, ev.segment, ev.offset, ev.nbytes) == ("torn-tail-cut", 0, end, 13)
+        assert (ev.kind, ev.segment, ev.offset, ev.nbytes) == ("torn-tail-cut", 0, end, len(torn))
         assert ev.side_file is not None and (tmp_path / ev.side_file).exists()
 
 

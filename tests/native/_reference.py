@@ -4,7 +4,7 @@ Slow and simple on purpose: this is the executable specification that the C kern
 against byte for byte. Every function takes the same arguments as its C counterpart (minus the
 output pointers) and returns the same values.
 
-Frame layout (DESIGN.md section 2; big-endian fields, k7-compatible)::
+Frame layout (docs/format.md; big-endian fields, k7-compatible)::
 
     0      1      2              6              10             10+len       frame_size(len)
     +------+------+--------------+--------------+--------------+------------+
@@ -18,6 +18,10 @@ all-zero header (10 zero bytes) is the end of the written data; any other header
 valid frame is corruption. Scanning positions are frame starts; the positions reported by
 :func:`scan` are payload starts (frame start + 10).
 
+The constants come from ``k7core._format`` (the format's, fed from ``k7.h``) and
+``k7core._kernel`` (the scan statuses): this module restates the algorithms, not the numbers.
+The CRC is the ``crc32c`` package's (the test extra), not the kernel's.
+
 Capacities (``cap``) bound everything: nothing at or after ``cap`` is read or written. A ``cap``
 larger than the buffer is a caller error (undefined behaviour in C, ``ValueError`` here).
 """
@@ -25,11 +29,17 @@ larger than the buffer is a caller error (undefined behaviour in C, ``ValueError
 from __future__ import annotations
 
 import mmap
-import struct
 from collections.abc import Sequence
 from typing import NamedTuple, TypeAlias
 
 from crc32c import crc32c as _crc32c
+
+from k7core._format import FRAME_FLAG_COMMITTED as FLAG_COMMITTED
+from k7core._format import FRAME_HEADER as HEADER
+from k7core._format import FRAME_MAGIC as MAGIC
+from k7core._format import MAX_PAYLOAD as MAX_LEN
+from k7core._format import decode_frame_header, encode_frame_header, frame_size
+from k7core._kernel import NOFIT, SCAN_CORRUPT, SCAN_EMPTY, SCAN_OK
 
 __all__ = [
     "FLAG_COMMITTED",
@@ -55,24 +65,6 @@ __all__ = [
 ReadableBuffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 WritableBuffer: TypeAlias = bytearray | memoryview | mmap.mmap
 
-HEADER = 10
-MAGIC = 0x4B
-FLAG_COMMITTED = 0x01
-MAX_LEN = 2**31 - 1
-
-SCAN_OK = 0
-"""Stopped at ``max_n`` frames or at the limit."""
-SCAN_EMPTY = 1
-"""Zero header, or no room for a header before ``cap``: end of the written data."""
-SCAN_CORRUPT = 2
-"""The bytes at ``next_pos`` are not a valid frame."""
-
-NOFIT = -1
-"""The frame does not fit in ``[pos, cap)`` (or ``pos`` is negative)."""
-
-_HDR = struct.Struct(">BBII")
-
-
 class ScanResult(NamedTuple):
     """Result of :func:`scan`: payload positions and lengths, where it stopped, and why."""
 
@@ -95,16 +87,11 @@ def crc32c(data: ReadableBuffer) -> int:
     return _crc32c(data)
 
 
-def frame_size(length: int) -> int:
-    """Bytes taken by a frame with a ``length``-byte payload (header + payload + padding)."""
-    return (HEADER + length + 7) & ~7
-
-
 def encode_frame(data: ReadableBuffer) -> bytes:
     """The complete encoded frame (header, payload, zero padding) for ``data``."""
     payload = bytes(data)
     n = len(payload)
-    header = _HDR.pack(MAGIC, FLAG_COMMITTED, n, crc32c(payload))
+    header = encode_frame_header(n, crc32c(payload))
     return header + payload + bytes(frame_size(n) - HEADER - n)
 
 
@@ -134,7 +121,7 @@ def _check_frame(buf: ReadableBuffer, cap: int, pos: int, limit: int) -> tuple[i
     """Validate the frame at ``pos``: ``(payload length, SCAN_OK)`` or ``(-1, status)``."""
     if pos < 0 or pos > cap - HEADER:
         return -1, SCAN_EMPTY
-    magic, flags, length, crc = _HDR.unpack_from(buf, pos)
+    magic, flags, length, crc = decode_frame_header(buf, pos)
     if magic == 0 and flags == 0:
         return -1, SCAN_EMPTY if length == 0 and crc == 0 else SCAN_CORRUPT
     if magic != MAGIC or flags != FLAG_COMMITTED:
@@ -193,7 +180,7 @@ def walk(buf: ReadableBuffer, cap: int, pos: int, target: int) -> int:
     while pos < target:
         if pos < 0 or pos > cap - HEADER:
             return -1
-        magic, flags, length, _ = _HDR.unpack_from(buf, pos)
+        magic, flags, length, _ = decode_frame_header(buf, pos)
         if magic != MAGIC or flags != FLAG_COMMITTED or length > cap - pos - HEADER:
             return -1
         pos += frame_size(length)

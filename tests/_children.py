@@ -1,7 +1,8 @@
 """Child-process programs for the crash and multi-process tests (not a test module).
 
-Run as ``python _children.py <mode> <args...>``; the tests import ``payload`` from here so
-parent and child agree on the bytes of message ``i``. Every report line goes out with one
+Run as ``python -m tests._children <mode> <args...>`` with the repository's root on the
+path (``tests._childproc.Child`` does so). Messages are ``tests._queuehelp.payload(i)``, which
+the tests import too. Every report line goes out with one
 ``os.write`` (one syscall, < PIPE_BUF bytes), so a SIGKILL never leaves half a line behind
 that could be mistaken for a whole one, and nothing sits in a userspace buffer.
 
@@ -68,38 +69,36 @@ Modes:
 
 from __future__ import annotations
 
-import mmap
+import dataclasses
+import json
 import os
 import random
-import struct
 import sys
 import time
 
-_FILL = (b"abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ" * 40)[:2200]
+import k7core
+from tests._queuehelp import index_of, payload, poll_until, seg_bases, seg_name, waiters
 
 
-def payload(i: int, lo: int = 0, hi: int = 200) -> bytes:
-    """Message ``i``: ``m<i:08d>-`` then a filler whose length (``lo..hi``) and content
-    depend on ``i``; so every message identifies itself and any torn or mixed-up byte shows."""
-    n = lo + (i * 7919) % (hi - lo + 1)
-    k = i % 64
-    return b"m%08d-" % i + _FILL[k : k + n]
-
-
-def _out(line: str) -> None:
+def say(line: str) -> None:
+    """One report line to stdout, in one ``os.write``."""
     os.write(1, line.encode() + b"\n")
 
 
-def _write(argv: list[str]) -> None:
-    import k7core
+def _waiter_seen(d: str, timeout: float = 5.0) -> int:
+    """1 once a reader has registered as a waiter in the position file within ``timeout``
+    seconds, else 0."""
+    return int(poll_until(lambda: waiters(d) > 0, timeout))
 
+
+def _write(argv: list[str]) -> None:
     d, fsync, seg, start, count, lo, hi, report, batch = argv
     seg_i, count_i, lo_i, hi_i = int(seg), int(count), int(lo), int(hi)
     report_b, batch_i = report == "1", int(batch)
-    _out("opening")
+    say("opening")
     q = k7core.Queue(d, fsync=fsync, segment_size=seg_i)
     start_i = _count_messages(q) if start == "auto" else int(start)
-    _out(f"ready {q.end} {start_i}")
+    say(f"ready {q.end} {start_i}")
     stop = start_i + count_i
     last: tuple[int, int] | None = None  # (offset, index) of the last message written
     if batch_i <= 1:
@@ -122,35 +121,32 @@ def _write(argv: list[str]) -> None:
     # The end of the last frame written ("async": q.end may still lag until the final sync).
     end = q.end if last is None else last[0] + k7core.frame_size(len(payload(last[1], lo_i, hi_i)))
     q.close()
-    _out(f"done {end}")
+    say(f"done {end}")
 
 
-def _count_messages(q: object, empty: int = 0) -> int:
+def _count_messages(q: k7core.Queue, empty: int = 0) -> int:
     """The index after the last message of the log (each message names its index: check
     that they follow each other from the earliest one retention left); ``empty`` when the
     log holds no message."""
-    off, n = q.earliest(), None  # type: ignore[attr-defined]
+    off, n = q.earliest(), None
     while True:
-        batch = q.read_columnar(off)  # type: ignore[attr-defined]
+        batch = q.read_columnar(off)
         if not len(batch):
             return empty if n is None else n
         for k in range(len(batch)):
-            head = bytes(batch.payload(k)[:10])
             if n is None:
-                n = int(head[1:9])
-            assert head == b"m%08d-" % n, (n, head)
+                n = index_of(batch.payload(k))
+            assert index_of(batch.payload(k)) == n, (n, bytes(batch.payload(k)[:10]))
             n += 1
         off = batch.next
 
 
 def _consume(argv: list[str]) -> None:
-    import k7core
-
     d, cursor_fsync, group, seed = argv
     rng = random.Random(int(seed))
     q = k7core.Queue(d, readonly=True)
     g = q.consumer_group(group, cursor_fsync=cursor_fsync)
-    _out(f"ready {g.committed}")
+    say(f"ready {g.committed}")
     while True:
         msgs = g.poll(max_batch=rng.randint(1, 32), timeout=0)
         if not msgs:
@@ -158,94 +154,63 @@ def _consume(argv: list[str]) -> None:
         for m in msgs:
             os.write(1, b"S %d %d\n" % (m.offset, len(m.payload)))
             if not g.ack(m):
-                _out(f"NOT-IN-FLIGHT {m.offset}")
+                say(f"NOT-IN-FLIGHT {m.offset}")
             os.write(1, b"A %d\n" % m.offset)
-    _out("end")
+    say("end")
     sys.stdin.read()
     g.close()
     q.close()
 
 
 def _hold(argv: list[str]) -> None:
-    import k7core
-
     d, group = argv
     q = k7core.Queue(d, fsync="flush", segment_size=1 << 20)
     g = q.consumer_group(group)
-    _out("ready")
+    say("ready")
     sys.stdin.read()
     g.close()
     q.close()
 
 
 def _try(argv: list[str]) -> None:
-    import k7core
-
     d, group = argv
     try:
         k7core.Queue(d, fsync="flush", segment_size=1 << 20).close()
-        _out("opened")
+        say("opened")
     except k7core.K7Error as exc:
-        _out(type(exc).__name__)
+        say(type(exc).__name__)
     with k7core.Queue(d, readonly=True) as q:
         try:
             q.consumer_group(group).close()
-            _out("opened")
+            say("opened")
         except k7core.K7Error as exc:
-            _out(type(exc).__name__)
+            say(type(exc).__name__)
 
 
 def _wake(argv: list[str]) -> None:
-    import k7core
-
     d, fsync = argv
     q = k7core.Queue(d, fsync=fsync, segment_size=1 << 20)
-    # The position file is k7_pos (k7.h): u64 end, u32 seq, u32 waiters (native order).
-    fd = os.open(os.path.join(d, "k7py-position"), os.O_RDONLY)
-    pos = mmap.mmap(fd, 16, mmap.MAP_SHARED, mmap.PROT_READ)
-    os.close(fd)
-    _out("ready")
+    say("ready")
     for line in sys.stdin:
         i = int(line)
-        deadline = time.monotonic() + 5.0
-        saw = 0
-        while time.monotonic() < deadline:  # condition polling, bounded: not a sync sleep
-            if struct.unpack_from("=I", pos, 12)[0] > 0:
-                saw = 1
-                break
-            time.sleep(0.0005)
+        saw = _waiter_seen(d)
         off = q.enqueue(payload(i))
-        _out(f"{i} {off} {saw} {time.monotonic():.9f}")
-    pos.close()
+        say(f"{i} {off} {saw} {time.monotonic():.9f}")
     q.close()
 
 
 def _open_on_wait(argv: list[str]) -> None:
-    import k7core
-
     d, fsync = argv
-    fd = os.open(os.path.join(d, "k7py-position"), os.O_RDONLY)
-    pos = mmap.mmap(fd, 16, mmap.MAP_SHARED, mmap.PROT_READ)
-    os.close(fd)
-    _out("ready")
-    deadline = time.monotonic() + 5.0
-    saw = 0
-    while time.monotonic() < deadline:  # condition polling, bounded: not a sync sleep
-        if struct.unpack_from("=I", pos, 12)[0] > 0:
-            saw = 1
-            break
-        time.sleep(0.0005)
+    say("ready")
+    saw = _waiter_seen(d)
     q = k7core.Queue(d, fsync=fsync, segment_size=1 << 20)
     off = q.enqueue(payload(0))
-    _out(f"0 {off} {saw} {time.monotonic():.9f}")
+    say(f"0 {off} {saw} {time.monotonic():.9f}")
     sys.stdin.read()
-    pos.close()
     q.close()
 
 
 def _mixed(argv: list[str]) -> None:
-    import k7core
-
     d, fsync, cursor_fsync, seg, seed, start = argv
     seg_i = int(seg)
     rng = random.Random(int(seed))
@@ -256,14 +221,14 @@ def _mixed(argv: list[str]) -> None:
         g = q.consumer_group("g", cursor_fsync=cursor_fsync)
         n = _count_messages(q, empty=i)  # retention may have left no message to count
         assert n == i, f"the log ends before message {n}, expected {i}"
-        _out(f"ready {n} {g.committed}")
+        say(f"ready {n} {g.committed}")
         return q, g, n
 
     def segment(written: int) -> tuple[int, int]:
         """The base of the segment being written (the newest file's name) and the bytes
         left in it."""
-        base = max(int(f[4:-3]) for f in os.listdir(d) if f.startswith("seg-"))
-        size = os.path.getsize(os.path.join(d, f"seg-{base:020d}.k7"))
+        base = seg_bases(d)[-1]
+        size = os.path.getsize(os.path.join(d, seg_name(base)))
         return base, base + size - written
 
     q, g, i = open_all()
@@ -276,43 +241,35 @@ def _mixed(argv: list[str]) -> None:
                 size = k7core.frame_size(len(data))
                 base, room = segment(written)
                 if size <= room:
-                    _out("P enqueue")
+                    say("P enqueue")
                 else:  # a roll; it deletes the sealed segments the group has consumed
-                    _out("P retention" if g.committed >= base else "P roll")
+                    say("P retention" if g.committed >= base else "P roll")
                 off = q.enqueue(data)
                 os.write(1, b"E %d %d\n" % (i, off))
                 written = off + size
                 i += 1
         elif action == "ack":
-            _out("P ack")
+            say("P ack")
             for m in g.poll(max_batch=rng.randint(1, 16), timeout=0):
-                os.write(1, b"S %d %d\n" % (m.offset, int(bytes(m.payload[1:9]))))
+                os.write(1, b"S %d %d\n" % (m.offset, index_of(m.payload)))
                 g.ack(m)
                 os.write(1, b"A %d\n" % m.offset)
         else:
-            _out("P close")
+            say("P close")
             g.close()
             q.close()
-            _out("closed")
+            say("closed")
             q, g, i = open_all()
             written = q.end
 
 
 def _retain(argv: list[str]) -> None:
-    import k7core
-
     d, seg, limit = argv
-    _out("opening")
+    say("opening")
     q = k7core.Queue(d, fsync="flush", segment_size=int(seg), retention="consumed",
                      retention_bytes=int(limit))
-    start, off = 0, q.earliest()
-    while True:  # the index after the last message: messages name themselves
-        batch = q.read_columnar(off)
-        if not len(batch):
-            break
-        start = int(bytes(batch.payload(len(batch) - 1)[1:9])) + 1
-        off = batch.next
-    _out(f"ready {q.earliest()} {start}")
+    start = _count_messages(q)  # the index after the last message: messages name themselves
+    say(f"ready {q.earliest()} {start}")
     i = start
     while True:
         o = q.enqueue(payload(i))
@@ -321,15 +278,13 @@ def _retain(argv: list[str]) -> None:
 
 
 def _lag_reader(argv: list[str]) -> None:
-    import k7core
-
     d, group = argv
     q = k7core.Queue(d, readonly=True)
     g = q.consumer_group(group, cursor_fsync="flush")
     first = g.poll(max_batch=1, timeout=5.0)
     assert first and bytes(first[0].payload) == payload(0), first
     g.ack(first[0])
-    _out(f"first {first[0].offset}")
+    say(f"first {first[0].offset}")
     sys.stdin.readline()
     n, last = 1, 0
     try:
@@ -343,21 +298,17 @@ def _lag_reader(argv: list[str]) -> None:
                 n += 1
             g.ack_many(msgs)
     except k7core.DataLossError as exc:
-        _out(f"dataloss {exc.offset} {exc.earliest}")
+        say(f"dataloss {exc.offset} {exc.earliest}")
     else:
-        _out(f"read {n} {last}")
+        say(f"read {n} {last}")
     g.close()
     q.close()
 
 
 def _stats(argv: list[str]) -> None:
-    import dataclasses
-    import json
-
-    import k7core
 
     with k7core.Queue(argv[0], readonly=True) as q:
-        _out(json.dumps(dataclasses.asdict(q.stats())))
+        say(json.dumps(dataclasses.asdict(q.stats())))
 
 
 MODES = {

@@ -1,14 +1,13 @@
-"""Test support shared by the crash and multi-process tests (not a test module).
+"""Child processes for the crash and multi-process tests (not a test module).
 
-``Child`` runs ``_children.py`` (see its docstring for the modes) as a subprocess whose
-stdout is read line by line; ``payload`` is that module's, so parent and child agree on the
-bytes of message ``i``; ``frame_size`` is the on-disk size of a frame with an ``n``-byte
-payload.
+``Child`` runs a child program (by default ``tests/_children.py``, see its docstring for the
+modes) as a subprocess whose stdout is read line by line. The programs run as modules
+(``python -m tests._children``) with the repository's root on their ``PYTHONPATH``, so they
+import their message format from ``tests._queuehelp`` as the tests do.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import select
 import signal
@@ -16,19 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
-CHILD = str(_HERE / "_children.py")
-_spec = importlib.util.spec_from_file_location("k7_test_children", CHILD)
-assert _spec is not None and _spec.loader is not None
-_children = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_children)
-payload = _children.payload
+from tests._queuehelp import child_env
 
-
-def frame_size(n: int) -> int:
-    return (10 + n + 7) & ~7
+CHILDREN = "tests._children"
 
 
 #: Longest wait for one line of a child (or its exit): a stuck child fails the test with its
@@ -38,16 +28,18 @@ DEADLINE = 120.0
 
 class Child:
     """A child process speaking lines on stdin/stdout; SIGKILLed and reaped on exit. Every
-    wait on it is bounded by ``DEADLINE``. ``script``: the program (default ``_children.py``)."""
+    wait on it is bounded by ``DEADLINE``. ``program``: the module it runs (default
+    ``tests._children``)."""
 
-    def __init__(self, *args: str, script: str = CHILD) -> None:
+    def __init__(self, *args: str, program: str = CHILDREN) -> None:
         self.err = tempfile.TemporaryFile()  # noqa: SIM115 (closed in __exit__)
         self.proc = subprocess.Popen(
-            [sys.executable, script, *args],
+            [sys.executable, "-m", program, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.err,
             bufsize=0,
+            env=child_env(),
         )
         assert self.proc.stdout is not None and self.proc.stdin is not None
         self.out = self.proc.stdout

@@ -2,14 +2,18 @@
 
 Each ``run()`` is one ``anyio.run`` (asyncio; trio as well in the full run):
 
-- reference: a bare anyio memory object stream, 1 sender task, 1 receiver task, no queue;
+- references: a bare anyio memory object stream, 1 sender task, 1 receiver task, no queue
+  (the same per-message ``await send`` / ``async for`` with nothing behind it); and a bare
+  loop of ``anyio.lowlevel.checkpoint()``, what one full checkpoint per message costs;
 - producer channel: N messages sent by 1 task, then by 100 tasks (clones), fsync="flush";
   the clock stops when the channel's context has exited (everything is in the queue);
 - consumer channel: N prefilled messages received one by one (``async for``), auto-ack and
   at-least-once (one ``await ack`` per message), then auto-ack with ``receive_batch()``;
   max_batch=64; a new group per run; the clock stops at the last message;
 - awaited enqueue: 100 tasks each awaiting ``enqueue`` in a loop on an fsync="sync" queue
-  (group commit); also reports messages per writer batch (one msync per batch).
+  (group commit); also reports messages per writer batch (one msync per batch);
+- the batched form of writing: one task awaiting ``AsyncQueue.enqueue_many`` of 1,000
+  messages, fsync="flush" (what ``receive_batch()`` is to the consumer channel).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 import k7async
 import k7core
@@ -40,7 +45,7 @@ class Sizes:
     backends: tuple[str, ...]
 
 
-QUICK = Sizes(messages=20_000, sync_tasks=100, sync_per_task=20, backends=("asyncio",))
+QUICK = Sizes(messages=20_000, sync_tasks=100, sync_per_task=20, backends=("asyncio", "trio"))
 FULL = Sizes(messages=200_000, sync_tasks=100, sync_per_task=100, backends=("asyncio", "trio"))
 
 
@@ -59,6 +64,14 @@ async def memory_stream(n: int) -> float:
         async with send:
             for _ in range(n):
                 await send.send(PAYLOAD)
+    return time.perf_counter() - t0
+
+
+async def checkpoints(n: int) -> float:
+    """Seconds for ``n`` calls of ``anyio.lowlevel.checkpoint()`` in one task."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        await anyio.lowlevel.checkpoint()
     return time.perf_counter() - t0
 
 
@@ -125,6 +138,16 @@ def _memory_stream_case(n: int, backend: str) -> Case:
     return Case(name, "baseline", setup, {"messages": n, "backend": backend, "buffer": 256})
 
 
+def _checkpoint_case(n: int, backend: str) -> Case:
+    name = f"baseline: anyio.lowlevel.checkpoint() per message, 1 task ({backend})"
+
+    @contextmanager
+    def setup(root: Path) -> Iterator[Run]:
+        yield lambda: {name: ("msg/s", n / anyio.run(checkpoints, n, backend=backend))}
+
+    return Case(name, "baseline", setup, {"messages": n, "backend": backend})
+
+
 def _producer_case(n: int, tasks: int, backend: str) -> Case:
     name = f"k7async producer_channel {tasks} task{'s' if tasks > 1 else ''} ({backend})"
     per_task = n // tasks
@@ -167,6 +190,30 @@ def _consumer_case(n: int, auto_ack: bool, batches: bool, backend: str) -> Case:
                                     "backend": backend})
 
 
+async def awaited_batches(q: k7core.Queue, total: int, size: int) -> float:
+    """Seconds for one task to await ``enqueue_many`` of ``size`` messages until ``total``."""
+    batch = [PAYLOAD] * size
+    async with k7async.open_queue(q) as aq:
+        t0 = time.perf_counter()
+        for _ in range(total // size):
+            await aq.enqueue_many(batch)
+        return time.perf_counter() - t0
+
+
+def _awaited_batch_case(n: int, size: int, backend: str) -> Case:
+    name = f"k7async awaited enqueue_many({size}) 1 task ({backend})"
+    total = max(n // size, 1) * size
+
+    @contextmanager
+    def setup(root: Path) -> Iterator[Run]:
+        with k7core.Queue(root / "many", fsync="flush", segment_size=SEGMENT) as q:
+            yield lambda: {name: ("msg/s", total / anyio.run(awaited_batches, q, total, size,
+                                                             backend=backend))}
+
+    return Case(name, "k7", setup, {"payload": 32, "messages": total, "fsync": "flush",
+                                    "backend": backend})
+
+
 def _awaited_sync_case(tasks: int, per_task: int, backend: str) -> Case:
     base = f"k7async awaited enqueue [sync] {tasks} tasks ({backend})"
 
@@ -197,6 +244,8 @@ def cases(s: Sizes) -> list[Case]:
             _consumer_case(s.messages, False, False, backend),
             _consumer_case(s.messages, True, True, backend),
             _awaited_sync_case(s.sync_tasks, s.sync_per_task, backend),
+            _awaited_batch_case(s.messages, 1000, backend),
             _memory_stream_case(s.messages, backend),
+            _checkpoint_case(s.messages, backend),
         ]
     return out

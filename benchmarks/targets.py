@@ -114,6 +114,12 @@ TARGETS = [
     *[Target(f"`sync`, 100 awaiting tasks ≥ 100,000 msg/s ({b})",
              _at_least(f"k7async awaited enqueue [sync] 100 tasks ({b})", 1e5))
       for b in ("asyncio", "trio")],
+    *[Target(f"k7async, per message, {what} ≥ 300,000 msg/s (asyncio)",
+             _at_least(f"k7async {case} (asyncio)", 3e5))
+      for what, case in (("producer channel, 1 task", "producer_channel 1 task"),
+                         ("producer channel, 100 tasks", "producer_channel 100 tasks"),
+                         ("consumer channel `async for`, auto-ack",
+                          "consumer channel auto-ack"))],
     Target("64 KiB enqueue ≥ 1 GB/s", _at_least("k7 64KiB enqueue [flush]", 1000, "MB/s")),
     Target("cross-process p50 ≤ 100 µs, p99 ≤ 1 ms, no spinning core", _cross_process),
     Target("RSS bounded by a few segments over 4 GB (64 MiB segments)", _rss),

@@ -10,24 +10,27 @@
                 await msgs.ack(msg)
 
 One writer thread per queue (shared by every producer channel, sink and AsyncQueue of that
-queue), one reader thread per consumer group channel; no storage logic here.
+queue), one reader thread per consumer group channel, both owner threads (``_owner.Owner``);
+no storage logic here.
 """
 
 from k7core import __version__ as __version__
 
-from ._bridge import Payload as Payload
 from ._consumer import MessageStream as MessageStream
 from ._consumer import consumer_group_channel as consumer_group_channel
+from ._errors import AutoAckError as AutoAckError
 from ._errors import SinkBusyError as SinkBusyError
 from ._producer import producer_channel as producer_channel
 from ._producer import sink as sink
 from ._queue import AsyncQueue as AsyncQueue
 from ._queue import open_queue as open_queue
+from ._registry import queue_writer as queue_writer
+from ._types import Payload as Payload
 from ._writer import QueueWriter as QueueWriter
-from ._writer import queue_writer as queue_writer
 
 __all__ = [
     "AsyncQueue",
+    "AutoAckError",
     "MessageStream",
     "Payload",
     "QueueWriter",
@@ -38,3 +41,16 @@ __all__ = [
     "queue_writer",
     "sink",
 ]
+
+
+def _public_names() -> None:
+    """Public classes and functions say ``k7async.X`` (in reprs and tracebacks), as anyio's
+    do: their home is the package, not the private module that defines them."""
+    import contextlib
+
+    for name in __all__:
+        with contextlib.suppress(AttributeError, TypeError):  # a type alias: no module of its own
+            globals()[name].__module__ = __name__
+
+
+_public_names()

@@ -1,12 +1,12 @@
-"""Streams out of a queue: ``consumer_group_channel`` and the reader thread behind it."""
+"""Streams out of a queue: ``consumer_group_channel``, served by a reader thread (an
+:class:`Owner` of the consumer group)."""
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -17,26 +17,51 @@ from k7core import ConsumerGroup, Fsync, Message
 from k7core._checks import check_count, check_seconds
 from k7core._native._fast import message_offset
 
-from ._bridge import core_queue, notify
+from ._bridge import Pace
+from ._errors import AutoAckError
+from ._owner import Call, Command, Owner
+from ._types import QueueSource, core_queue
 
-if TYPE_CHECKING:
-    from ._queue import AsyncQueue
 
-_ACK = 0
-_NACK = 1
+class _Poll(Command[ConsumerGroup, list[Message]]):
+    """A request for the next batch. The reader thread keeps it (parked, polling again after
+    applying the acks posted meanwhile) until messages come or the stream asks it back."""
 
-_PREFETCH = 1
-"""Polled batches that may wait for the consumer besides the one it is working through."""
+    __slots__ = ("stop",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stop = False  # set in the loop: hand it back (empty) at the next chance
+
+
+class _Control(Command[ConsumerGroup, None]):
+    """An ack or a nack posted by the stream (no answer: applied before the next poll)."""
+
+    __slots__ = ("nack", "offset")
+
+    def __init__(self, offset: int, *, nack: bool) -> None:
+        super().__init__()
+        self.offset = offset
+        self.nack = nack
+
+    def execute(self, group: ConsumerGroup) -> None:
+        if self.nack:
+            group.nack(self.offset)
+        else:
+            group.ack(self.offset)
+
+
+def _opened(group: ConsumerGroup) -> None:
+    return None
+
+
+def _close(group: ConsumerGroup) -> None:
+    group.close()
 
 
 class _Reader:
-    """The thread that owns one consumer group, and the loop-side state it feeds.
-
-    Thread side: the group (poll, ack, nack, seek and close run only there). Loop side
-    (touched only in the event loop, by callbacks the thread runs there): the batches
-    delivered and not yet received. Shared, under ``cond``: credits (back-pressure), the
-    stop flag and the acks / nacks posted by the async side.
-    """
+    """The thread that owns one consumer group (thread ``k7async-reader-<dir>-<group>``): it
+    opens, polls, acks, nacks, seeks and closes it; no other thread touches the group."""
 
     def __init__(
         self,
@@ -48,212 +73,137 @@ class _Reader:
         auto_ack: bool,
         cursor_fsync: str | Fsync,
     ) -> None:
-        self.queue = queue
         self.group = group
         self.max_batch = max_batch
         self.timeout = timeout
         self.auto_ack = auto_ack
-        self.cursor_fsync = cursor_fsync
-        self.token = anyio.lowlevel.current_token()
-        # shared with the thread, under cond
-        self.cond = threading.Condition(threading.Lock())
-        self.credits = _PREFETCH
-        self.stopping = False
-        self.idle = False
-        self.controls: list[tuple[int, int]] = []
-        # written by the thread before it tells the loop (ready / ended)
-        self.opened = False
-        self.error: BaseException | None = None
-        # loop side
-        self.current: deque[Message] = deque()
-        self.inbox: deque[list[Message]] = deque()
-        self.waiters: set[anyio.Event] = set()
-        self.ended = False
-        self.error_seen = False
-        self.ready = anyio.Event()
-        self.finished = anyio.Event()
-        self.thread = threading.Thread(
-            target=self._run, name=f"k7async-reader-{queue.path.name}-{group}", daemon=True
+        self.failure: BaseException | None = None  # an ack or nack failed (thread side)
+        self.owner: Owner[ConsumerGroup] = Owner(
+            lambda: queue.consumer_group(group, cursor_fsync=cursor_fsync),
+            name=f"k7async-reader-{queue.path.name}-{group}",
+            batch=self._serve,
+            finish=_close,
         )
 
-    # ------------------------------------------------------------------ thread side
-
-    def _run(self) -> None:
-        group: ConsumerGroup | None = None
-        try:
-            try:
-                group = self.queue.consumer_group(self.group, cursor_fsync=self.cursor_fsync)
-                self.opened = True
-            finally:
-                notify(self.token, self.ready.set)
-            self._serve(group)
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            if group is not None:
-                try:
-                    self._close(group)
-                except BaseException as exc:
-                    self.error = self.error or exc
-            notify(self.token, self._on_ended)
-
-    def _serve(self, group: ConsumerGroup) -> None:
-        cond, poll, ack_many = self.cond, group.poll, group.ack_many
-        max_batch, timeout, auto_ack, token = (
-            self.max_batch, self.timeout, self.auto_ack, self.token,
-        )
-        while True:
-            with cond:
-                while not (self.stopping or self.controls or self.credits):
-                    self.idle = True
-                    cond.wait()
-                    self.idle = False
-                if self.stopping:
-                    return
-                controls, self.controls = self.controls, []
-                may_poll = self.credits > 0
-                if may_poll:
-                    self.credits -= 1
-            if controls:
-                self._apply(group, controls)
-            if not may_poll:
+    def _serve(
+        self, group: ConsumerGroup, commands: list[Command[ConsumerGroup, Any]]
+    ) -> list[Command[ConsumerGroup, Any]]:
+        """Batch hook: acks and nacks first (in order), then the poll, if one is asked for."""
+        polls: list[_Poll] = []
+        for command in commands:
+            if isinstance(command, _Poll):
+                polls.append(command)
                 continue
-            batch = poll(max_batch, timeout)  # sleeps in C, GIL released, up to timeout
-            if not batch:
-                with cond:
-                    self.credits += 1
-                continue
-            if auto_ack:
-                ack_many(batch)  # before the hand-over: at-most-once, as k7
-            if not notify(token, self._deliver, batch):
-                return
-
-    @staticmethod
-    def _apply(group: ConsumerGroup, controls: list[tuple[int, int]]) -> None:
-        for op, offset in controls:
-            if op == _ACK:
-                group.ack(offset)
+            command.run(group)
+            if isinstance(command, _Control) and command.error is not None:
+                self.failure = self.failure or command.error
+        parked: list[Command[ConsumerGroup, Any]] = []
+        for poll in polls:
+            if self.failure is not None:
+                poll.set_error(self.failure)
+            elif poll.stop or self.owner.closing:
+                poll.set_result([])
             else:
-                group.nack(offset)
-
-    def _close(self, group: ConsumerGroup) -> None:
-        try:
-            with self.cond:
-                controls, self.controls = self.controls, []
-            self._apply(group, controls)
-            if self.auto_ack and self.stopping:
-                # Stopped on purpose, the stream is closed: what was acked on hand-over but
-                # never received is handed back, so the next owner of the group gets it.
-                first: list[int] = []
-                notify(self.token, self._first_unreceived, first)
-                if first:
-                    group.seek(first[0])
-        finally:
-            group.close()
-
-    # ------------------------------------------------------------------ loop side
-
-    def _deliver(self, batch: list[Message]) -> None:
-        self.inbox.append(batch)
-        self.wake()
-
-    def _on_ended(self) -> None:
-        self.ended = True
-        self.finished.set()
-        self.wake()
-
-    def _first_unreceived(self, out: list[int]) -> None:
-        if self.current:
-            out.append(self.current[0].offset)
-            return
-        for batch in self.inbox:
-            if batch:
-                out.append(batch[0].offset)
-                return
-
-    def wake(self) -> None:
-        for event in self.waiters:
-            event.set()
-        self.waiters.clear()
-
-    def take_batch(self) -> bool:
-        """Move the next delivered batch into ``current``; False if none is there."""
-        if not self.inbox:
-            return False
-        self.current.extend(self.inbox.popleft())
-        with self.cond:
-            self.credits += 1
-            if self.idle:
-                self.cond.notify()
-        return True
-
-    def post(self, op: int, offset: int) -> None:
-        with self.cond:
-            self.controls.append((op, offset))
-            if self.idle:
-                self.cond.notify()
-
-    async def stop(self) -> None:
-        """Tell the thread to stop and wait until it has closed the group and exited.
-
-        Bounded by the poll timeout (the thread checks between polls), not by new data.
-        """
-        with self.cond:
-            self.stopping = True
-            self.cond.notify()
-        with anyio.CancelScope(shield=True):
-            await self.finished.wait()
-        self.thread.join()
+                try:
+                    batch = group.poll(self.max_batch, self.timeout)  # sleeps in C, no GIL
+                    if batch and self.auto_ack:
+                        group.ack_many(batch)  # before the hand-over: at-most-once, as k7
+                except BaseException as exc:
+                    poll.set_error(exc)
+                    continue
+                if batch:
+                    poll.set_result(batch)
+                else:
+                    parked.append(poll)  # nothing yet: poll again, after what was posted
+        return parked
 
 
 class MessageStream(ObjectReceiveStream[Message]):
     """The receive stream of :func:`consumer_group_channel`: ``async for msg in stream``.
 
     Messages arrive in the order the group delivers them (a nacked message comes back
-    first). ``receive_batch()`` takes what is at hand in one call. With ``auto_ack=False``,
-    ``await ack(msg)`` / ``await nack(msg)`` are routed to the reader thread, which applies
-    them in order before its next poll and before it closes the group.
+    first). ``receive()`` is a cancel point at every call and a schedule point at least every
+    64 calls and whenever it waits (not at every message: see docs/async.md);
+    ``receive_batch()`` takes what is at hand in one call. With ``auto_ack=False``, ``await
+    ack(msg)`` / ``await nack(msg)`` are routed to the reader thread, which applies them in
+    order before its next poll and before it closes the group.
     """
 
     def __init__(self, reader: _Reader) -> None:
-        self._r = reader
+        self._reader = reader
+        self._owner = reader.owner
+        self._current: deque[Message] = deque()  # received from the thread, not handed out
+        self._poll: _Poll | None = None  # the batch asked for (at most one ahead)
+        self._error: BaseException | None = None
+        self._error_seen = False
         self._closed = False
+        self._stopped: anyio.Event | None = None  # set once aclose() has finished
+        self._pace = Pace()
+        self._ask()
 
     @property
     def group(self) -> str:
-        return self._r.group
+        return self._reader.group
 
     @property
     def auto_ack(self) -> bool:
-        return self._r.auto_ack
+        return self._reader.auto_ack
+
+    def _ask(self) -> None:
+        self._poll = self._owner.submit(_Poll())
 
     def _refill(self) -> None:
-        r = self._r
+        """Fill ``_current`` from the batch that came in, or raise why it cannot be."""
         if self._closed:
             raise anyio.ClosedResourceError
-        if r.current or r.take_batch():
-            return
-        if r.ended:
-            if r.error is not None:
-                r.error_seen = True
-                raise r.error
+        poll = self._poll
+        if poll is not None and poll.done:
+            self._poll = None
+            if poll.error is not None:
+                self._error = poll.error
+            else:
+                self._current.extend(poll.result())
+                self._ask()  # the next batch is read while this one is worked through
+            if self._current:
+                return
+        if self._error is not None:
+            self._error_seen = True
+            raise self._error
+        if self._poll is None:
             raise anyio.EndOfStream
         raise anyio.WouldBlock
 
     def receive_nowait(self) -> Message:
         """The next message if one is at hand, else ``anyio.WouldBlock``."""
-        self._refill()
-        return self._r.current.popleft()
+        if self._closed or not self._current:
+            self._refill()
+        return self._current.popleft()
 
     def receive_batch_nowait(self) -> list[Message]:
         """Every message at hand (the rest of the current batch, or the next batch)."""
-        self._refill()
-        out = list(self._r.current)
-        self._r.current.clear()
+        if self._closed or not self._current:
+            self._refill()
+        out = list(self._current)
+        self._current.clear()
         return out
 
     async def receive(self) -> Message:
-        await anyio.lowlevel.checkpoint()
+        await self._pace.checkpoint()
+        if self._current and not self._closed:
+            return self._current.popleft()
+        return await self._receive_waiting()
+
+    async def __anext__(self) -> Message:
+        # receive() inlined: ``async for`` is the per-message path, one frame less counts
+        await self._pace.checkpoint()
+        if self._current and not self._closed:
+            return self._current.popleft()
+        try:
+            return await self._receive_waiting()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def _receive_waiting(self) -> Message:
         while True:
             try:
                 return self.receive_nowait()
@@ -270,12 +220,9 @@ class MessageStream(ObjectReceiveStream[Message]):
                 await self._wait()
 
     async def _wait(self) -> None:
-        event = anyio.Event()
-        self._r.waiters.add(event)
-        try:
-            await event.wait()
-        finally:
-            self._r.waiters.discard(event)
+        assert self._poll is not None  # WouldBlock: a batch is asked for
+        await self._poll.wait()
+        self._pace.scheduled()
 
     async def ack(self, msg: Message | int) -> None:
         """Acknowledge a message (or offset) received from this stream (``auto_ack=False``).
@@ -284,40 +231,70 @@ class MessageStream(ObjectReceiveStream[Message]):
         before the group closes. Returns at once.
         """
         await anyio.lowlevel.checkpoint_if_cancelled()
-        self._post(_ACK, msg)
+        self._post(msg, nack=False)
 
     async def nack(self, msg: Message | int) -> None:
         """Have a received message delivered again, before newer ones (``auto_ack=False``)."""
         await anyio.lowlevel.checkpoint_if_cancelled()
-        self._post(_NACK, msg)
+        self._post(msg, nack=True)
 
-    def _post(self, op: int, msg: Message | int) -> None:
-        if self._r.auto_ack:
-            raise RuntimeError(
-                "this channel acks every message when it is handed over (auto_ack=True); "
-                "open it with auto_ack=False to ack / nack yourself"
+    def _post(self, msg: Message | int, *, nack: bool) -> None:
+        if self._reader.auto_ack:
+            raise AutoAckError(
+                "this channel acks every message when it is handed over (auto_ack=True)",
+                hint="open it with auto_ack=False to ack / nack yourself",
             )
         if self._closed:
             raise anyio.ClosedResourceError
-        if self._r.ended:
-            raise anyio.BrokenResourceError("the reader thread has stopped")
-        self._r.post(op, message_offset(msg))  # a TypeError here, not in the thread
+        if self._reader.failure is not None:
+            raise anyio.BrokenResourceError("the reader thread failed to apply an ack or nack")
+        offset = message_offset(msg)  # a TypeError here, not in the thread
+        self._owner.submit(_Control(offset, nack=nack), answer=False)
 
     async def aclose(self) -> None:
-        """Stop the reader thread and close the group (waits at most about ``timeout``)."""
-        if not self._closed:
-            self._closed = True
-            self._r.wake()
-        await self._r.stop()
+        """Stop the reader thread and close the group (waits at most about ``timeout``).
+
+        With ``auto_ack=True``, the messages acked on hand-over that were never received are
+        handed back first (``seek`` to the first of them), so the group's next owner gets
+        them.
+        """
+        if self._stopped is not None:  # closed, or closing in another task: wait for it
+            with anyio.CancelScope(shield=True):
+                await self._stopped.wait()
+            return
+        self._stopped = anyio.Event()
+        self._closed = True
+        try:
+            try:
+                await self._hand_back()
+            finally:
+                await self._owner.aclose()  # applies the posted acks, closes the group, joins
+        finally:
+            self._stopped.set()
+
+    async def _hand_back(self) -> None:
+        poll, self._poll = self._poll, None
+        if poll is not None:
+            poll.stop = True
+            await poll.wait(shield=True)  # the thread hands it back within ``timeout``
+            if poll.error is None:
+                self._current.extend(poll.result())
+            elif self._error is None:
+                self._error = poll.error
+        if self._reader.auto_ack and self._current:
+            first = self._current[0].offset
+            seek: Call[ConsumerGroup, None] = Call(lambda group: group.seek(first))
+            await self._owner.call(seek, shield=True)
+        self._current.clear()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("ended" if self._r.ended else "open")
-        return f"<k7async.MessageStream group={self._r.group!r} {state}>"
+        state = "closed" if self._closed else ("failed" if self._error else "open")
+        return f"<k7async.MessageStream group={self._reader.group!r} {state}>"
 
 
 @asynccontextmanager
 async def consumer_group_channel(
-    queue: k7core.Queue | AsyncQueue,
+    queue: QueueSource,
     group: str,
     *,
     max_batch: int = 64,
@@ -351,18 +328,16 @@ async def consumer_group_channel(
         core, group, max_batch=max_batch, timeout=seconds, auto_ack=auto_ack,
         cursor_fsync=cursor_fsync,
     )
-    reader.thread.start()
-    with anyio.CancelScope(shield=True):
-        await reader.ready.wait()
-    if not reader.opened:
-        await reader.stop()
-        assert reader.error is not None
-        raise reader.error
+    try:
+        await reader.owner.call(Call(_opened), shield=True)  # the group's open error, if any
+    except BaseException:
+        await reader.owner.aclose()
+        raise
     stream = MessageStream(reader)
     try:
         yield stream
     finally:
         await stream.aclose()
-        if reader.error is not None and not reader.error_seen:
-            reader.error_seen = True
-            raise reader.error
+        if stream._error is not None and not stream._error_seen:
+            stream._error_seen = True
+            raise stream._error

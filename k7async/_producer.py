@@ -3,53 +3,86 @@
 from __future__ import annotations
 
 import contextlib
-import threading
-import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
 from anyio.abc import ObjectReceiveStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-import k7core
+from ._bridge import Pace
+from ._registry import QUEUES
+from ._types import Payload, QueueSource, core_queue
+from ._writer import MAX_BATCH_MESSAGES, Append, Writer
 
-from ._bridge import Payload, core_queue
-from ._errors import SinkBusyError
-from ._writer import MAX_BATCH_MESSAGES, Job, QueueWriter, acquire_writer, release_writer
+T_contra = TypeVar("T_contra", contravariant=True)
 
-if TYPE_CHECKING:
-    from ._queue import AsyncQueue
 
-_sinks_lock = threading.Lock()
-_sinks: weakref.WeakSet[k7core.Queue] = weakref.WeakSet()
+class _Room:
+    """Where the senders of a producer channel wait for room in its full buffer: one event
+    for all of them, set each time the channel's pump takes items (or waits for some).
+
+    anyio's own ``send`` parks each waiting sender with an event of its own, a full
+    checkpoint and a hand-over of its item; with many senders and a small buffer that costs
+    more than the messages do. Here a waiting sender tries again once there is room.
+    """
+
+    __slots__ = ("_event", "handover")
+
+    def __init__(self, handover: bool = False) -> None:
+        self._event: anyio.Event | None = None
+        self.handover = handover
+        """A buffer of 0: an item goes to the pump only while it waits to receive, so a
+        sender waits as anyio's own ``send`` does (handed over, not tried again)."""
+
+    async def wait(self) -> None:
+        if self._event is None:
+            self._event = anyio.Event()
+        await self._event.wait()
+
+    def notify(self) -> None:
+        if self._event is not None:
+            self._event.set()
+            self._event = None
 
 
 def _drain_nowait(
-    stream: MemoryObjectReceiveStream[Payload | _Stop], batch: list[Payload]
+    stream: MemoryObjectReceiveStream[Payload | _Stop],
+    batch: list[Payload],
+    room: _Room | None = None,
 ) -> bool:
-    """Move what the stream holds now (buffer and blocked senders) into ``batch``.
+    """Move what the stream holds now (buffer and blocked senders) into ``batch``; tell the
+    senders waiting in ``room`` that there is room again.
 
     Returns True when the stream is over (a stop marker, or every sender closed).
     """
     over = False
+    taken = len(batch)
     while True:
         try:
             item = stream.receive_nowait()
         except anyio.WouldBlock:
-            return over
+            break
         except anyio.EndOfStream:
-            return True
+            over = True
+            break
         if isinstance(item, _Stop):
             over = True  # keep draining: items sent before the stop was seen still count
         else:
             batch.append(item)
+    if room is not None and len(batch) > taken:
+        room.notify()
+    return over
 
 
 async def _gather(
-    stream: MemoryObjectReceiveStream[Payload | _Stop], batch: list[Payload], target: int
+    stream: MemoryObjectReceiveStream[Payload | _Stop],
+    batch: list[Payload],
+    target: int,
+    room: _Room | None = None,
 ) -> bool:
     """Drain the stream into ``batch``; while senders keep it busy, go on for a few more
     scheduler passes (up to ``target`` items) so that one thread hop carries many messages.
@@ -58,12 +91,12 @@ async def _gather(
     nothing (a few: a scheduler may run this task before the senders within a pass).
     Returns True when the stream is over. Call it shielded: it holds items already taken.
     """
-    over = _drain_nowait(stream, batch)
+    over = _drain_nowait(stream, batch, room)
     idle = 0
     while not over and len(batch) < target and idle < _IDLE_PASSES:
         had = len(batch)
         await anyio.lowlevel.checkpoint()
-        over = _drain_nowait(stream, batch)
+        over = _drain_nowait(stream, batch, room)
         idle = idle + 1 if len(batch) == had else 0
     return over
 
@@ -71,9 +104,7 @@ async def _gather(
 # ---------------------------------------------------------------------- sink
 
 
-async def sink(
-    queue: k7core.Queue | AsyncQueue, receive_stream: ObjectReceiveStream[Payload]
-) -> int:
+async def sink(queue: QueueSource, receive_stream: ObjectReceiveStream[Payload]) -> int:
     """Drain ``receive_stream`` into ``queue`` until the stream ends; return how many messages
     were enqueued.
 
@@ -85,26 +116,12 @@ async def sink(
     is written first, then the cancellation propagates.
     """
     core = core_queue(queue)
-    with _sinks_lock:
-        if core in _sinks:
-            raise SinkBusyError(
-                f"queue {core.path} already has a running sink",
-                path=core.path,
-                hint="one sink per queue: send into the running sink's stream instead",
-            )
-        _sinks.add(core)
-    try:
-        writer = acquire_writer(core)
-        try:
+    with QUEUES.sink(core):
+        async with QUEUES.writing(core) as writer:
             return await _sink(writer, receive_stream)
-        finally:
-            await release_writer(writer)
-    finally:
-        with _sinks_lock:
-            _sinks.discard(core)
 
 
-async def _sink(writer: QueueWriter, stream: ObjectReceiveStream[Payload]) -> int:
+async def _sink(writer: Writer, stream: ObjectReceiveStream[Payload]) -> int:
     memory = stream if isinstance(stream, MemoryObjectReceiveStream) else None
     target = 1
     if memory is not None:
@@ -120,9 +137,7 @@ async def _sink(writer: QueueWriter, stream: ObjectReceiveStream[Payload]) -> in
         if memory is not None:
             with anyio.CancelScope(shield=True):  # items taken are written, cancelled or not
                 over = await _gather(memory, batch, target)
-        job = Job(batch)
-        writer.submit(job)
-        await job.wait_shielded()
+        await writer.append(batch, shield=True)
         count += len(batch)
         if over:
             return count
@@ -143,17 +158,25 @@ _IDLE_PASSES = 3
 
 
 class _Pump:
-    """The task moving a producer channel's items to the writer thread, batch by batch."""
+    """The task moving a producer channel's items to the writer thread, batch by batch.
+
+    One batch is in the writer's hands at a time. While it is written, the pump gathers the
+    next one from the stream (up to ``target`` items, then it waits for the writer), and
+    senders fill the stream's buffer again: at most about three buffers of items are in
+    memory, and a batch grows with the writer's latency (group commit).
+    """
 
     def __init__(
         self,
-        writer: QueueWriter,
+        writer: Writer,
         receive: MemoryObjectReceiveStream[Payload | _Stop],
         target: int,
+        room: _Room,
     ) -> None:
+        self.target = target
+        self.room = room
         self.writer = writer
         self.receive = receive
-        self.target = target
         self.done = anyio.Event()
         self.error: BaseException | None = None
 
@@ -167,56 +190,110 @@ class _Pump:
                 self.error = exc
             finally:
                 self.receive.close()  # senders still running get BrokenResourceError
+                self.room.notify()
                 self.done.set()
 
     async def _run(self) -> None:
-        receive = self.receive
+        receive, room = self.receive, self.room
+        inflight: tuple[Append, list[Payload]] | None = None
         while True:
             batch: list[Payload] = []
-            try:
-                first = await receive.receive()
-            except anyio.EndOfStream:
-                return
-            if isinstance(first, _Stop):
-                _drain_nowait(receive, batch)
-                over = True
-            else:
-                batch.append(first)
-                over = await _gather(receive, batch, self.target)
+            over = _drain_nowait(receive, batch, room)
+            if not batch and not over:  # nothing at hand
+                if inflight is not None:
+                    await self._settle(*inflight)
+                    inflight = None
+                    continue
+                room.notify()  # (a buffer of 0: senders hand items to a waiting pump)
+                try:
+                    first = await receive.receive()  # wait for a sender
+                except anyio.EndOfStream:
+                    return
+                if isinstance(first, _Stop):
+                    over = _drain_nowait(receive, batch, room) or True
+                else:
+                    batch.append(first)
+            if batch and not over:
+                over = await _gather(receive, batch, self.target, room)
             if over:
                 # No checkpoint since the last receive_nowait: nothing can slip in between.
                 receive.close()
+            if inflight is not None:
+                await self._settle(*inflight)
+                inflight = None
             if batch:
-                await self._write(batch)
+                inflight = (self.writer.submit(batch), batch)
             if over:
+                if inflight is not None:
+                    await self._settle(*inflight)
                 return
 
-    async def _write(self, batch: list[Payload]) -> None:
-        job = Job(batch)
-        self.writer.submit(job)
-        try:
-            await job.wait_shielded()
-        except (TypeError, ValueError):
+    async def _settle(self, append: Append, batch: list[Payload]) -> None:
+        """Wait for a batch handed to the writer; raise its error."""
+        await append.wait(shield=True)
+        error = append.error
+        if isinstance(error, (TypeError, ValueError)) and len(batch) > 1:
             # Refused as a whole (an item that is not bytes-like, a message too large):
             # nothing was written. Write item by item so everything sent before the
             # culprit gets in, then fail at the culprit.
-            if len(batch) == 1:
-                raise
             for item in batch:
-                await self._write([item])
-            raise  # pragma: no cover - one of the items failed above
+                await self.writer.append([item], shield=True)
+        append.result()
+
+
+@dataclass(eq=False)
+class ChannelSendStream(MemoryObjectSendStream[T_contra]):
+    """A producer channel's send stream: anyio's memory object send stream (same buffer,
+    clones, closing and errors) whose ``send`` is paced by :class:`Pace`: a cancel point at
+    every call, a schedule point at least every ``SCHEDULE_EVERY`` calls and whenever it
+    waits for room, instead of a full checkpoint per message. Senders waiting for room in a
+    full buffer wait together (:class:`_Room`)."""
+
+    _room: _Room = field(default_factory=_Room)  # shared by the clones
+    _pace: Pace = field(init=False, default_factory=Pace)
+
+    @classmethod
+    def _over(cls, stream: MemoryObjectSendStream[T_contra]) -> ChannelSendStream[T_contra]:
+        """A paced stream onto ``stream``'s buffer; ``stream`` is closed (this replaces it)."""
+        paced = cls(_state=stream._state, _room=_Room(stream.statistics().max_buffer_size == 0))
+        stream.close()
+        return paced
+
+    async def send(self, item: T_contra) -> None:
+        await self._pace.checkpoint()  # a cancel point; a schedule point now and then
+        while True:
+            try:
+                self.send_nowait(item)  # or the stream's errors: closed, broken
+                return
+            except anyio.WouldBlock:
+                if self._room.handover:
+                    await super().send(item)  # a full checkpoint, then the hand-over
+                    self._pace.scheduled()
+                    return
+                await self._room.wait()  # cancellable: the item is not sent
+                self._pace.scheduled()
+
+    def clone(self) -> ChannelSendStream[T_contra]:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        return ChannelSendStream(_state=self._state, _room=self._room)
+
+    def close(self) -> None:
+        super().close()
+        self._room.notify()  # a task waiting to send on this clone gets ClosedResourceError
 
 
 @asynccontextmanager
 async def producer_channel(
-    queue: k7core.Queue | AsyncQueue, max_buffer_size: float = 256
+    queue: QueueSource, max_buffer_size: float = 256
 ) -> AsyncIterator[MemoryObjectSendStream[bytes]]:
     """Yield a send stream whose items are enqueued in ``queue``, in order, in batches.
 
     Any number of tasks may send (give each its own ``send.clone()``). The stream buffers up
     to ``max_buffer_size`` items; when the buffer is full, senders wait (back-pressure). A
     task moves what the buffer holds to the queue's writer thread in one batch (one
-    ``enqueue_many``) and waits for it before taking the next.
+    ``enqueue_many``) and waits for it before taking the next. ``send`` is a cancel point at
+    every call and a schedule point at least every 64 calls (see :class:`ChannelSendStream`).
 
     On exit (normal, error or cancellation) every item whose ``send`` returned is in the queue
     (msync'd with ``fsync="sync"``) before this returns; senders still running afterwards get
@@ -226,29 +303,35 @@ async def producer_channel(
     and the items after it are not.
     """
     core = core_queue(queue)
-    send, receive = anyio.create_memory_object_stream[Payload | _Stop](max_buffer_size)
+    plain, receive = anyio.create_memory_object_stream[Payload | _Stop](max_buffer_size)
+    send = ChannelSendStream._over(plain)
     control = send.clone()
-    writer = acquire_writer(core)
-    target = max(1, int(min(max_buffer_size, MAX_BATCH_MESSAGES)))
-    pump = _Pump(writer, receive, target)
+    pump: _Pump | None = None
     try:
-        async with _alongside(pump.run):
+        async with QUEUES.writing(core) as writer:
+            pump = _Pump(
+                writer, receive, max(1, int(min(max_buffer_size, MAX_BATCH_MESSAGES))), send._room
+            )
             try:
-                yield send
+                async with _alongside(pump.run):
+                    try:
+                        yield send
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            send.close()
+                            # Broken: the pump already stopped (after a writer error).
+                            with contextlib.suppress(
+                                anyio.BrokenResourceError, anyio.ClosedResourceError
+                            ):
+                                await control.send(_STOP)
+                            control.close()
+                            await pump.done.wait()
             finally:
-                with anyio.CancelScope(shield=True):
-                    send.close()
-                    # Broken: the pump already stopped (after a writer error).
-                    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                        await control.send(_STOP)
-                    control.close()
-                    await pump.done.wait()
+                send.close()
+                control.close()
+                receive.close()
     finally:
-        send.close()
-        control.close()
-        receive.close()
-        await release_writer(writer)
-        if pump.error is not None:
+        if pump is not None and pump.error is not None:
             raise pump.error
 
 

@@ -8,20 +8,17 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
-import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectSendStream
 
 import k7core
 from k7core import Fsync
-from k7core._checks import message_list
-from k7core._format import FRAME_HEADER, MAX_PAYLOAD
-from k7core._native._fast import payload_size
 
-from ._bridge import Payload, run_in_thread
+from ._bridge import run_in_thread
 from ._consumer import MessageStream, consumer_group_channel
 from ._producer import producer_channel
-from ._writer import Job, QueueWriter, acquire_writer, release_writer
+from ._registry import QUEUES
+from ._types import Payload
+from ._writer import QueueWriter, Writer, as_batch
 
 
 class AsyncQueue:
@@ -33,11 +30,10 @@ class AsyncQueue:
     commit). Obtained from :func:`open_queue`.
     """
 
-    def __init__(self, queue: k7core.Queue, writer: QueueWriter) -> None:
+    def __init__(self, queue: k7core.Queue, writer: Writer) -> None:
         self._queue = queue
         self._writer = writer
         self._closed = False
-        self._max_payload = min(queue.segment_size - FRAME_HEADER, MAX_PAYLOAD)
 
     @property
     def queue(self) -> k7core.Queue:
@@ -47,7 +43,7 @@ class AsyncQueue:
     @property
     def writer(self) -> QueueWriter:
         """The writer thread serving this queue (``batches`` / ``messages`` counters)."""
-        return self._writer
+        return self._writer.face
 
     @property
     def path(self) -> Path:
@@ -70,23 +66,17 @@ class AsyncQueue:
     async def enqueue(self, data: Payload) -> int:
         """Append one message; return its global offset once the strategy holds it.
 
-        If the awaiting task is cancelled, the message may still be written (it was handed
-        to the writer thread); only its offset is unknown.
+        A task that is cancelled already writes nothing. If the awaiting task is cancelled,
+        the message may still be written (it was handed to the writer thread); only its
+        offset is unknown. The awaiting tasks of one event loop share one wake-up per batch.
         """
         self._check_open()
-        n = len(data) if type(data) is bytes else payload_size(data)  # enqueue's TypeError
-        if n > self._max_payload:
-            self._queue.check_message_size(n)
-        job, i = self._writer.submit_one(data)
-        return (await job.wait())[i]
+        return await self._writer.append_one(data)
 
     async def enqueue_many(self, items: Iterable[Payload]) -> list[int]:
         """Append a batch as one unit (consecutive, in order); return the offsets."""
-        await anyio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
-        job = Job(message_list(items))
-        self._writer.submit(job)
-        return await job.wait()
+        return await self._writer.append(as_batch(items))
 
     def producer_channel(
         self, max_buffer_size: float = 256
@@ -108,13 +98,6 @@ class AsyncQueue:
             self, group, max_batch=max_batch, timeout=timeout, auto_ack=auto_ack,
             cursor_fsync=cursor_fsync,
         )
-
-    async def _drain(self) -> None:
-        """Wait until every write handed to the writer so far has completed."""
-        barrier = Job([])  # the writer is FIFO: once this resolves, all before it have
-        self._writer.submit(barrier)
-        with anyio.CancelScope(shield=True):
-            await barrier.event.wait()  # its outcome is theirs (an error was raised to them)
 
     def __repr__(self) -> str:
         return f"<k7async.AsyncQueue {str(self._queue.path)!r} {self._queue.fsync.value}>"
@@ -150,13 +133,10 @@ async def open_queue(
 
 @asynccontextmanager
 async def _serve(queue: k7core.Queue) -> AsyncIterator[AsyncQueue]:
-    writer = acquire_writer(queue)
-    aqueue = AsyncQueue(queue, writer)
-    try:
-        yield aqueue
-    finally:
-        aqueue._closed = True
+    async with QUEUES.writing(queue) as writer:
+        aqueue = AsyncQueue(queue, writer)
         try:
-            await aqueue._drain()
+            yield aqueue
         finally:
-            await release_writer(writer)
+            aqueue._closed = True
+            await writer.drain()  # writes handed over (by tasks cancelled since) complete

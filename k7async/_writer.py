@@ -1,106 +1,127 @@
-"""The writer thread: one per queue, shared by every k7async user of that queue.
+"""The writer thread of a queue: an :class:`Owner` of the :class:`k7core.Queue` whose batch
+hook appends every pending write with one ``enqueue_many``.
 
 ``enqueue`` is single-writer in k7core, so every async write to a queue goes through one
-plain ``threading.Thread``. Users hand it *jobs* (a list of payloads plus an event to set);
-the thread takes every job pending at once, appends them with **one** ``enqueue_many`` call
-(one kernel call per segment; with ``fsync="sync"`` one msync), then resolves all of them
-with one callback per event loop. Concurrent awaiting producers therefore share kernel calls
-and msyncs (group commit).
+thread. Concurrent awaiting producers therefore share kernel calls and, with
+``fsync="sync"``, msyncs (group commit); a producer channel hands over a whole batch at once.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections import deque
-from itertools import chain
-from typing import TYPE_CHECKING
-
-import anyio
-import anyio.lowlevel
-from anyio.lowlevel import EventLoopToken
+from collections.abc import Iterable
+from typing import Any
 
 import k7core
 
-from ._bridge import Payload, core_queue, notify, post
-
-if TYPE_CHECKING:
-    from ._queue import AsyncQueue
+from ._owner import Call, Command, Owner
+from ._types import Payload
 
 MAX_BATCH_MESSAGES = 65536
-"""The writer stops adding jobs to a batch once it holds this many messages (jobs are never
-split: a larger job is written alone, in one call)."""
+"""The writer stops adding writes to one ``enqueue_many`` once it holds this many messages
+(a write is never split: a larger one is appended alone, in one call)."""
 
 
-class Job:
-    """Payloads handed to the writer, and the outcome it reports back (offsets or an error).
+class Append(Command[k7core.Queue, list[int]]):
+    """Messages to append as one unit (consecutive offsets, in order)."""
 
-    Created in the event loop that awaits it; ``event`` is set in that loop once ``offsets``
-    or ``error`` is final.
-    """
+    __slots__ = ("items",)
 
-    __slots__ = ("error", "event", "items", "offsets", "shared", "thread", "token")
-
-    def __init__(
-        self, items: list[Payload], token: EventLoopToken | None = None, *, shared: bool = False
-    ) -> None:
+    def __init__(self, items: list[Payload]) -> None:
+        super().__init__()
         self.items = items
-        self.token: EventLoopToken = token or anyio.lowlevel.current_token()
-        self.shared = shared  # single messages of several tasks, appended while pending
-        self.thread = threading.get_ident()  # the thread of the loop that awaits it
-        self.event = anyio.Event()
-        self.offsets: list[int] | None = None
-        self.error: BaseException | None = None
 
-    def result(self) -> list[int]:
-        if self.error is not None:
-            raise self.error
-        assert self.offsets is not None
-        return self.offsets
-
-    async def wait(self) -> list[int]:
-        """Wait for the outcome (cancellable: the job is still written if it gets there)."""
-        await self.event.wait()
-        return self.result()
-
-    async def wait_shielded(self) -> list[int]:
-        """Wait for the outcome even if cancelled (the caller must know what was written)."""
-        with anyio.CancelScope(shield=True):
-            await self.event.wait()
-        return self.result()
+    def execute(self, queue: k7core.Queue) -> list[int]:
+        return queue.enqueue_many(self.items) if self.items else []
 
 
-def _set_events(jobs: list[Job]) -> None:
-    for job in jobs:
-        job.event.set()
+class AppendOne(Command[k7core.Queue, int]):
+    """One message to append (an awaited ``enqueue``)."""
+
+    __slots__ = ("item",)
+
+    def __init__(self, item: Payload) -> None:
+        super().__init__()
+        self.item = item
+
+    def execute(self, queue: k7core.Queue) -> int:
+        return queue.enqueue(self.item)
+
+
+def as_batch(items: Iterable[Payload]) -> list[Payload]:
+    """``items`` as a list the writer can merge, taken in the caller's task (a generator is
+    consumed there, a list copied). What ``enqueue_many`` refuses as a whole (one bytes-like
+    object, a str, a non-iterable) is passed on as it is, so that the writer raises
+    ``enqueue_many``'s own error for it."""
+    if isinstance(items, (bytes, bytearray, memoryview, str)):
+        return items  # type: ignore[return-value]
+    try:
+        iterator = iter(items)
+    except TypeError:
+        return items  # type: ignore[return-value]
+    return list(iterator)
 
 
 class QueueWriter:
-    """The dedicated writer thread of one :class:`k7core.Queue` (thread ``k7async-writer-*``).
+    """The writer thread of one :class:`k7core.Queue` (thread ``k7async-writer-<dir>``), as
+    users see it: which queue, its counters, whether it runs.
 
     Obtained through :func:`k7async.queue_writer` or :attr:`k7async.AsyncQueue.writer`; it
     runs while any k7async object (producer channel, sink, AsyncQueue) uses the queue.
-    ``batches`` counts the ``enqueue_many`` calls it made, ``messages`` what they appended.
+    ``batches`` counts the appending calls it made (with ``fsync="sync"``: msyncs),
+    ``messages`` what they appended.
     """
 
-    def __init__(self, queue: k7core.Queue) -> None:
-        self.queue = queue
-        self._cond = threading.Condition(threading.Lock())
-        self._pending: deque[Job] = deque()
-        self._idle = False
-        self._stopping = False
-        self._exited = False
-        self._on_exit: tuple[EventLoopToken, anyio.Event] | None = None
-        self._refs = 0
-        self._batches = 0
-        self._messages = 0
-        self._thread = threading.Thread(
-            target=self._run, name=f"k7async-writer-{queue.path.name}", daemon=True
-        )
+    def __init__(self, writer: Writer) -> None:
+        self._writer = writer
+
+    @property
+    def queue(self) -> k7core.Queue:
+        return self._writer.queue
 
     @property
     def batches(self) -> int:
-        """``enqueue_many`` calls made so far (with ``fsync="sync"``: msyncs)."""
+        """Appending calls made so far (with ``fsync="sync"``: msyncs)."""
+        return self._writer.batches
+
+    @property
+    def messages(self) -> int:
+        """Messages appended so far."""
+        return self._writer.messages
+
+    @property
+    def running(self) -> bool:
+        return self._writer.running
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return (
+            f"<k7async.QueueWriter {str(self.queue.path)!r} {state} "
+            f"batches={self.batches} messages={self.messages}>"
+        )
+
+
+class Writer:
+    """The writer thread of one queue: an owner thread of the queue whose batch hook appends
+    runs of pending writes with one ``enqueue_many`` each. Used by the producer channels,
+    sinks and AsyncQueues of the queue (through :class:`QueueRegistry`); ``face`` is what
+    users see of it."""
+
+    def __init__(self, queue: k7core.Queue) -> None:
+        self._queue = queue
+        self._batches = 0
+        self._messages = 0
+        self._owner: Owner[k7core.Queue] = Owner(
+            lambda: queue, name=f"k7async-writer-{queue.path.name}", batch=self._write
+        )
+        self.face = QueueWriter(self)
+
+    @property
+    def queue(self) -> k7core.Queue:
+        return self._queue
+
+    @property
+    def batches(self) -> int:
+        """Appending calls made so far (with ``fsync="sync"``: msyncs)."""
         return self._batches
 
     @property
@@ -110,166 +131,105 @@ class QueueWriter:
 
     @property
     def running(self) -> bool:
-        return self._thread.is_alive()
+        return self._owner.running
 
-    def submit(self, job: Job) -> None:
-        """Queue a job for the thread (never blocks; back-pressure is the caller's job)."""
-        with self._cond:
-            if self._stopping:
-                raise RuntimeError("this QueueWriter has stopped")
-            self._pending.append(job)
-            if self._idle:
-                self._cond.notify()
+    def submit(self, items: list[Payload]) -> Append:
+        """Hand ``items`` over to be appended as one unit; await ``wait()`` on the result in
+        this loop for the outcome (the offsets or the error)."""
+        return self._owner.submit(Append(items))
 
-    def submit_one(self, item: Payload) -> tuple[Job, int]:
-        """Add one message to the shared job of the calling loop that still waits for the
-        thread (or start one); return the job and the message's index in it.
+    async def append(self, items: list[Payload], *, shield: bool = False) -> list[int]:
+        """Append ``items`` as one unit; return their offsets once the queue's strategy holds
+        them. See :meth:`Owner.call` for cancellation (and ``shield``)."""
+        return await self._owner.call(Append(items), shield=shield)
 
-        Awaiting writers of one loop thus cost one job, one event and one wake-up of the
-        thread per batch instead of one each. A thread runs one event loop at a time, and a
-        loop's jobs complete before its AsyncQueue closes, so a pending shared job of this
-        thread belongs to the running loop. The caller has validated ``item``, so the job can
-        only fail as a whole (a storage error, a closed queue).
-        """
-        tid = threading.get_ident()
-        with self._cond:
-            if self._stopping:
-                raise RuntimeError("this QueueWriter has stopped")
-            pending = self._pending
-            if pending:
-                job = pending[-1]
-                if job.shared and job.thread == tid and len(job.items) < MAX_BATCH_MESSAGES:
-                    job.items.append(item)
-                    return job, len(job.items) - 1
-        job = Job([item], shared=True)  # outside the lock: it looks the loop up
-        self.submit(job)
-        return job, 0
+    async def append_one(self, item: Payload) -> int:
+        """Append one message; the awaiting tasks of one loop share one wake-up per batch."""
+        return await self._owner.call(AppendOne(item))
+
+    async def drain(self) -> None:
+        """Wait (shielded) until every write handed over before this call has completed."""
+        barrier: Call[k7core.Queue, None] = Call(_nothing)
+        self._owner.submit(barrier)  # the thread is FIFO: once it is done, all before it are
+        await barrier.wait(shield=True)
+
+    async def aclose(self) -> None:
+        """Stop the thread once what was handed over is written, and join it."""
+        await self._owner.aclose()
 
     # ------------------------------------------------------------------ the thread
 
-    def _run(self) -> None:
-        cond, pending = self._cond, self._pending
-        try:
-            while True:
-                with cond:
-                    while not pending:
-                        if self._stopping:
-                            return
-                        self._idle = True
-                        cond.wait()
-                        self._idle = False
-                    jobs = [pending.popleft()]
-                    n = len(jobs[0].items)
-                    while pending and n < MAX_BATCH_MESSAGES:
-                        job = pending.popleft()
-                        jobs.append(job)
-                        n += len(job.items)
-                self._write(jobs)
-                self._resolve(jobs)
-        finally:
-            with cond:
-                self._exited = True
-                on_exit = self._on_exit
-            if on_exit is not None:
-                notify(on_exit[0], on_exit[1].set)
-
-    def _enqueue(self, items: list[Payload]) -> list[int]:
-        offsets = self.queue.enqueue_many(items)
+    def _count(self, messages: int) -> None:
         self._batches += 1
-        self._messages += len(items)
-        return offsets
+        self._messages += messages
 
-    def _write_one(self, job: Job) -> None:
-        try:
-            job.offsets = self._enqueue(job.items) if job.items else []
-        except BaseException as exc:
-            job.error = exc
+    def _write(
+        self, queue: k7core.Queue, commands: list[Command[k7core.Queue, Any]]
+    ) -> list[Command[k7core.Queue, Any]]:
+        """Batch hook: runs of consecutive appends go in one ``enqueue_many`` each."""
+        run: list[Append | AppendOne] = []
+        size = 0
+        for command in commands:
+            if isinstance(command, AppendOne) or (
+                isinstance(command, Append) and isinstance(command.items, list)
+            ):
+                n = len(command.items) if isinstance(command, Append) else 1
+                if run and size + n > MAX_BATCH_MESSAGES:
+                    self._append(queue, run)
+                    run, size = [], 0
+                run.append(command)
+                size += n
+            else:
+                self._append(queue, run)
+                run, size = [], 0
+                command.run(queue)
+        self._append(queue, run)
+        return []
 
-    def _write(self, jobs: list[Job]) -> None:
-        if len(jobs) == 1:
-            self._write_one(jobs[0])
+    def _append_alone(self, queue: k7core.Queue, command: Append | AppendOne) -> None:
+        command.run(queue)
+        if command.error is None:
+            n = len(command.items) if isinstance(command, Append) else 1
+            if n:
+                self._count(n)
+
+    def _append(self, queue: k7core.Queue, run: list[Append | AppendOne]) -> None:
+        if len(run) <= 1:
+            for command in run:
+                self._append_alone(queue, command)
             return
-        items = list(chain.from_iterable(job.items for job in jobs))
+        items: list[Payload] = []
+        for command in run:
+            if isinstance(command, AppendOne):
+                items.append(command.item)
+            else:
+                items.extend(command.items)
         try:
-            offsets = self._enqueue(items) if items else []
+            offsets = queue.enqueue_many(items)
         except (TypeError, ValueError):
             # k7core refuses such a batch as a whole before writing anything (an item that is
-            # not bytes-like, a message too large): write job by job so only culprits fail.
-            for job in jobs:
-                self._write_one(job)
+            # not bytes-like, a message too large): write one by one so only culprits fail.
+            for command in run:
+                self._append_alone(queue, command)
             return
-        except BaseException as exc:  # storage error, closed queue: every job is affected
-            for job in jobs:
-                job.error = exc
+        except BaseException as exc:  # storage error, closed queue: every write is affected
+            for command in run:
+                command.set_error(exc)
             return
+        self._count(len(items))
         start = 0
-        for job in jobs:
-            end = start + len(job.items)
-            job.offsets = offsets[start:end]
-            start = end
-
-    def _resolve(self, jobs: list[Job]) -> None:
-        if len(jobs) == 1:
-            post(jobs[0].token, _set_events, jobs)
-            return
-        by_loop: dict[EventLoopToken, list[Job]] = {}
-        for job in jobs:
-            by_loop.setdefault(job.token, []).append(job)
-        for token, group in by_loop.items():
-            post(token, _set_events, group)
+        for command in run:
+            if isinstance(command, AppendOne):
+                command.set_result(offsets[start])
+                start += 1
+            else:
+                end = start + len(command.items)
+                command.set_result(offsets[start:end])
+                start = end
 
     def __repr__(self) -> str:
-        state = "running" if self.running else "stopped"
-        return (
-            f"<k7async.QueueWriter {str(self.queue.path)!r} {state} "
-            f"batches={self._batches} messages={self._messages}>"
-        )
+        return f"<k7async writer of {str(self._queue.path)!r}>"
 
 
-# ---------------------------------------------------------------------- registry
-
-_registry_lock = threading.Lock()
-_writers: weakref.WeakKeyDictionary[k7core.Queue, QueueWriter] = weakref.WeakKeyDictionary()
-
-
-def queue_writer(queue: k7core.Queue | AsyncQueue) -> QueueWriter | None:
-    """The writer thread currently serving ``queue``, or None when no k7async object uses it."""
-    core = core_queue(queue)
-    with _registry_lock:
-        return _writers.get(core)
-
-
-def acquire_writer(queue: k7core.Queue) -> QueueWriter:
-    """Take a reference to the queue's writer, starting its thread if it has none."""
-    with _registry_lock:
-        writer = _writers.get(queue)
-        if writer is None:
-            writer = QueueWriter(queue)
-            writer._thread.start()
-            _writers[queue] = writer
-        writer._refs += 1
-        return writer
-
-
-async def release_writer(writer: QueueWriter) -> None:
-    """Drop a reference; the last one stops the thread and waits until it has exited.
-
-    Callers release only after their own jobs completed, so the thread is idle by then.
-    """
-    with _registry_lock:
-        writer._refs -= 1
-        if writer._refs:
-            return
-        if _writers.get(writer.queue) is writer:
-            del _writers[writer.queue]
-        stopped = anyio.Event()
-        with writer._cond:
-            writer._stopping = True
-            if writer._exited:
-                stopped.set()
-            else:
-                writer._on_exit = (anyio.lowlevel.current_token(), stopped)
-                writer._cond.notify()
-    with anyio.CancelScope(shield=True):
-        await stopped.wait()
-    writer._thread.join()
+def _nothing(queue: k7core.Queue) -> None:
+    return None

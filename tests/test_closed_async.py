@@ -94,7 +94,7 @@ async def run(kind: str, path: Path, closer: str | None, action: Action) -> None
         if kind == "producer channel":
             async with k7async.producer_channel(q) as send:
                 o = Opened(send_=send)
-                assert type(send) is ProducerChannel
+                assert isinstance(send, ProducerChannel)  # k7async's paced subclass
                 if closer is None:
                     return await action(o)
             return await action(o)

@@ -25,13 +25,6 @@ import k7core
 from k7core.spark import K7DataLossError, K7OptionError
 
 PACKAGES = ("k7core", "k7async")
-ASYNC_HOME = pytest.mark.xfail(
-    strict=True, reason="k7async's public classes are rehomed by the k7async rework (issue 13.5)"
-)
-ASYNC_JOB = pytest.mark.xfail(
-    strict=True, reason="QueueWriter.submit takes k7async._writer.Job, not exported: for the "
-    "k7async rework (issue 13.5) to export or hide",
-)
 ALL_PUBLIC = ["k7core", "k7core.spark", "k7core.metrics", "k7async"]
 
 
@@ -96,7 +89,7 @@ def test_all_names_exist_and_are_public(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["k7core", "k7core.spark", "k7core.metrics", pytest.param("k7async", marks=ASYNC_HOME)]
+    "name", ["k7core", "k7core.spark", "k7core.metrics", "k7async"]
 )
 def test_exports_report_their_public_module(name: str) -> None:
     mod = _module(name)
@@ -162,7 +155,7 @@ def _annotated(obj: Any) -> Iterator[tuple[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    "name", ["k7core", "k7core.spark", "k7core.metrics", pytest.param("k7async", marks=ASYNC_JOB)]
+    "name", ["k7core", "k7core.spark", "k7core.metrics", "k7async"]
 )
 def test_what_public_calls_take_and_return_is_exported(name: str) -> None:
     """Users hold what a public function or method returns and build what it takes: every

@@ -67,3 +67,16 @@ async def test_stream_ack_and_nack_check_the_offset_in_the_caller(queue: k7core.
             assert bytes((await stream.receive()).payload) == b"c"  # the thread goes on
     with queue.consumer_group("g") as g:
         assert g.committed == got[1].offset + k7core.frame_size(1)
+
+
+async def test_ack_on_an_auto_ack_stream_is_refused(queue: k7core.Queue) -> None:
+    queue.enqueue(b"a")
+    with anyio.fail_after(10):
+        async with k7async.consumer_group_channel(queue, "g") as stream:
+            msg = await stream.receive()
+            for post in (stream.ack, stream.nack):
+                with pytest.raises(k7async.AutoAckError, match="auto_ack=False") as info:
+                    await post(msg)
+                assert isinstance(info.value, k7core.K7Error)
+    with queue.consumer_group("g") as g:  # auto-acked on hand-over, nothing else
+        assert g.committed == queue.end

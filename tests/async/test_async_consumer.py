@@ -215,3 +215,19 @@ async def test_payload_stays_valid_while_held(tmp_path: Path) -> None:
     # the channel exited, the group and the queue are closed: the held views still read
     assert bytes(held.payload) == items[0]
     assert bytes(rest[150].payload) == items[151]
+
+
+async def test_concurrent_acloses_hand_back_once(queue: k7core.Queue) -> None:
+    """Two tasks closing the stream at once: both return once the group is closed, and the
+    messages acked on hand-over but never received are handed back (once)."""
+    items = fill(queue, 8)
+    with anyio.fail_after(10):
+        async with k7async.consumer_group_channel(queue, "g", max_batch=8) as stream:
+            first = await stream.receive()  # 7 more at hand; the next poll waits for data
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stream.aclose)
+                tg.start_soon(stream.aclose)
+            assert k7async_threads() == []
+    assert bytes(first.payload) == items[0]
+    with queue.consumer_group("g") as g:
+        assert g.committed == first.offset + k7core.frame_size(len(items[0]))

@@ -8,10 +8,10 @@ from pathlib import Path
 import anyio
 import pytest
 from _asynchelp import k7async_threads
-from _queuehelp import read_all
 
 import k7async
 import k7core
+from tests._queuehelp import read_all
 
 pytestmark = pytest.mark.anyio
 
@@ -55,3 +55,18 @@ async def test_all_is_complete() -> None:
     public = sorted(n for n in dir(k7async) if not n.startswith("_"))
     assert public == sorted(k7async.__all__)
     assert issubclass(k7async.SinkBusyError, k7core.K7Error)
+
+
+def test_public_names_say_k7async() -> None:
+    """Reprs and tracebacks show ``k7async.X``, not the private module that defines X."""
+    for name in k7async.__all__:
+        obj = getattr(k7async, name)
+        if isinstance(obj, type) or callable(obj):
+            assert obj.__module__ == "k7async", name
+    assert repr(k7async.AsyncQueue).startswith("<class 'k7async.AsyncQueue'")
+
+
+def test_errors_are_k7_errors() -> None:
+    for cls in (k7async.SinkBusyError, k7async.AutoAckError):
+        assert issubclass(cls, k7core.K7Error)
+    assert issubclass(k7async.AutoAckError, RuntimeError)  # what it was before it had a name

@@ -9,10 +9,10 @@ from pathlib import Path
 import anyio
 import pytest
 from _asynchelp import GatedQueue, k7async_threads
-from _queuehelp import read_all
 
 import k7async
 import k7core
+from tests._queuehelp import read_all
 
 pytestmark = pytest.mark.anyio
 

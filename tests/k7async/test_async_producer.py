@@ -8,11 +8,11 @@ from pathlib import Path
 
 import anyio
 import pytest
-from _asynchelp import GatedQueue, k7async_threads
 
 import k7async
 import k7core
 from tests._queuehelp import read_all
+from tests.k7async._asynchelp import GatedQueue, k7async_threads
 
 pytestmark = pytest.mark.anyio
 

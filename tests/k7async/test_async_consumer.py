@@ -7,10 +7,10 @@ from pathlib import Path
 
 import anyio
 import pytest
-from _asynchelp import k7async_threads
 
 import k7async
 import k7core
+from tests.k7async._asynchelp import k7async_threads
 
 pytestmark = pytest.mark.anyio
 

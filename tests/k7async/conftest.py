@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _asynchelp import GatedQueue
 
 import k7core
+from tests.k7async._asynchelp import GatedQueue
 
 
 @pytest.fixture(params=["asyncio", "trio"])

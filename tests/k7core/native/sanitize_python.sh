@@ -35,7 +35,7 @@ case "$asan" in /*) ;; *) echo "no libasan for $cc" >&2; exit 2 ;; esac
 src="$out/src"
 rm -rf "$src" && mkdir -p "$src"
 cp "$repo/setup.py" "$src/"
-cp -r "$repo/k7core" "$repo/tests" "$src/"
+cp -r "$repo/k7core" "$repo/k7async" "$repo/tests" "$src/"  # k7async too: tests/k7async would shadow an installed one
 find "$src" \( -name '*.so' -o -name '__pycache__' -o -name '_k7.c' \) -prune -exec rm -rf {} +
 
 start=$(date +%s)

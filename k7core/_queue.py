@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import logging
 import os
 import time
 import weakref
@@ -64,7 +63,6 @@ from ._storage import (
 )
 from ._writer import SegmentWriter
 
-log = logging.getLogger("k7core")
 
 def _lock_with_retry(fd: int) -> bool:
     """Take the writer lock; a readonly opener may hold a shared probe of it for microseconds."""

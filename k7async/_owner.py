@@ -103,9 +103,13 @@ class Command(Generic[R, T]):
         rnd = self._round
         if rnd is None:
             raise ValueError("this command was submitted without an answer")
-        with anyio.CancelScope(shield=shield):
-            while not self.done:
-                await rnd.event.wait()  # set once a command of the round is done
+        if shield:
+            with anyio.CancelScope(shield=True):
+                while not self.done:
+                    await rnd.event.wait()
+            return
+        while not self.done:  # no cancel scope: entering one costs more than the wait
+            await rnd.event.wait()  # set once a command of the round is done
 
 
 class Call(Command[R, T]):

@@ -221,14 +221,17 @@ class Owner(Generic[R]):
                 self._cond.notify()
         return command
 
-    async def call(self, command: Command[R, T], *, shield: bool = False) -> T:
+    async def call(
+        self, command: Command[R, T], *, shield: bool = False, precheck: bool = True
+    ) -> T:
         """Submit ``command`` and return its result (or raise its error) in this task.
 
-        A task that is cancelled already submits nothing. Cancelled while it waits, the task
-        gets the cancellation at once, but the command was accepted and still runs; only its
-        result is lost. With ``shield``, the task waits for the result even if cancelled.
+        A task that is cancelled already submits nothing (unless ``precheck`` is False: that
+        check costs about as much as the rest of a small call). Cancelled while it waits, the
+        task gets the cancellation at once, but the command was accepted and still runs; only
+        its result is lost. With ``shield``, the task waits for the result even if cancelled.
         """
-        if not shield:
+        if precheck and not shield:
             await anyio.lowlevel.checkpoint_if_cancelled()
         self.submit(command)
         await command.wait(shield=shield)

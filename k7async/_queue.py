@@ -66,9 +66,9 @@ class AsyncQueue:
     async def enqueue(self, data: Payload) -> int:
         """Append one message; return its global offset once the strategy holds it.
 
-        A task that is cancelled already writes nothing. If the awaiting task is cancelled,
-        the message may still be written (it was handed to the writer thread); only its
-        offset is unknown. The awaiting tasks of one event loop share one wake-up per batch.
+        If the awaiting task is cancelled (even before the call), the message may still be
+        written (it was handed to the writer thread); only its offset is unknown. The
+        awaiting tasks of one event loop share one wake-up per batch.
         """
         self._check_open()
         return await self._writer.append_one(data)

@@ -144,8 +144,9 @@ class Writer:
         return await self._owner.call(Append(items), shield=shield)
 
     async def append_one(self, item: Payload) -> int:
-        """Append one message; the awaiting tasks of one loop share one wake-up per batch."""
-        return await self._owner.call(AppendOne(item))
+        """Append one message; the awaiting tasks of one loop share one wake-up per batch.
+        No cancellation check before the hand-over (the per-message path)."""
+        return await self._owner.call(AppendOne(item), precheck=False)
 
     async def drain(self) -> None:
         """Wait (shielded) until every write handed over before this call has completed."""

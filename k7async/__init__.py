@@ -20,6 +20,7 @@ from ._consumer import MessageStream as MessageStream
 from ._consumer import consumer_group_channel as consumer_group_channel
 from ._errors import AutoAckError as AutoAckError
 from ._errors import SinkBusyError as SinkBusyError
+from ._errors import StreamClosedError as StreamClosedError
 from ._producer import producer_channel as producer_channel
 from ._producer import sink as sink
 from ._queue import AsyncQueue as AsyncQueue
@@ -35,6 +36,7 @@ __all__ = [
     "Payload",
     "QueueWriter",
     "SinkBusyError",
+    "StreamClosedError",
     "consumer_group_channel",
     "open_queue",
     "producer_channel",

@@ -18,7 +18,7 @@ from k7core._checks import check_count, check_seconds
 from k7core._native._fast import message_offset
 
 from ._bridge import Pace
-from ._errors import AutoAckError
+from ._errors import AutoAckError, StreamClosedError
 from ._owner import Call, Command, Owner
 from ._types import QueueSource, core_queue
 
@@ -155,7 +155,7 @@ class MessageStream(ObjectReceiveStream[Message]):
     def _refill(self) -> None:
         """Fill ``_current`` from the batch that came in, or raise why it cannot be."""
         if self._closed:
-            raise anyio.ClosedResourceError
+            raise StreamClosedError("this message stream")
         poll = self._poll
         if poll is not None and poll.done:
             self._poll = None
@@ -245,7 +245,7 @@ class MessageStream(ObjectReceiveStream[Message]):
                 hint="open it with auto_ack=False to ack / nack yourself",
             )
         if self._closed:
-            raise anyio.ClosedResourceError
+            raise StreamClosedError("this message stream")
         if self._reader.failure is not None:
             raise anyio.BrokenResourceError("the reader thread failed to apply an ack or nack")
         offset = message_offset(msg)  # a TypeError here, not in the thread

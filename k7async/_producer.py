@@ -14,6 +14,7 @@ from anyio.abc import ObjectReceiveStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._bridge import Pace
+from ._errors import StreamClosedError
 from ._registry import QUEUES
 from ._types import Payload, QueueSource, core_queue
 from ._writer import MAX_BATCH_MESSAGES, Append, Writer
@@ -241,6 +242,9 @@ class _Pump:
         append.result()
 
 
+_send_nowait = MemoryObjectSendStream.send_nowait  # anyio's, under the override below
+
+
 @dataclass(eq=False)
 class ChannelSendStream(MemoryObjectSendStream[T_contra]):
     """A producer channel's send stream: anyio's memory object send stream (same buffer,
@@ -261,26 +265,35 @@ class ChannelSendStream(MemoryObjectSendStream[T_contra]):
 
     async def send(self, item: T_contra) -> None:
         await self._pace.checkpoint()  # a cancel point; a schedule point now and then
-        while True:
-            try:
-                self.send_nowait(item)  # or the stream's errors: closed, broken
-                return
-            except anyio.WouldBlock:
-                if self._room.handover:
-                    await super().send(item)  # a full checkpoint, then the hand-over
-                    self._pace.scheduled()
+        try:
+            while True:
+                try:
+                    _send_nowait(self, item)  # or the stream's errors: closed, broken
                     return
-                await self._room.wait()  # cancellable: the item is not sent
-                self._pace.scheduled()
+                except anyio.WouldBlock:
+                    if self._room.handover:
+                        await super().send(item)  # a full checkpoint, then the hand-over
+                        self._pace.scheduled()
+                        return
+                    await self._room.wait()  # cancellable: the item is not sent
+                    self._pace.scheduled()
+        except anyio.ClosedResourceError:
+            raise StreamClosedError("this producer channel") from None
+
+    def send_nowait(self, item: T_contra) -> None:
+        try:
+            _send_nowait(self, item)
+        except anyio.ClosedResourceError:
+            raise StreamClosedError("this producer channel") from None
 
     def clone(self) -> ChannelSendStream[T_contra]:
         if self._closed:
-            raise anyio.ClosedResourceError
+            raise StreamClosedError("this producer channel")
         return ChannelSendStream(_state=self._state, _room=self._room)
 
     def close(self) -> None:
         super().close()
-        self._room.notify()  # a task waiting to send on this clone gets ClosedResourceError
+        self._room.notify()  # a task waiting to send on this clone gets StreamClosedError
 
 
 @asynccontextmanager

@@ -106,7 +106,7 @@ async def test_stop_by_closing_the_stream(queue: k7core.Queue) -> None:
                 assert g.committed == offsets[5]
                 again = g.poll(max_batch=100, timeout=0.1)
                 assert [bytes(m.payload) for m in again] == items[5:]
-            with pytest.raises(anyio.ClosedResourceError):
+            with pytest.raises(k7async.StreamClosedError):
                 await stream.receive()
             await stream.aclose()  # idempotent
 

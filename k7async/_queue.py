@@ -34,6 +34,7 @@ class AsyncQueue:
         self._queue = queue
         self._writer = writer
         self._closed = False
+        self._max_message = queue.options.max_message_size
 
     @property
     def queue(self) -> k7core.Queue:
@@ -71,7 +72,11 @@ class AsyncQueue:
         awaiting tasks of one event loop share one wake-up per batch.
         """
         self._check_open()
-        return await self._writer.append_one(data)
+        if type(data) is bytes and len(data) <= self._max_message:
+            command, index = self._writer.submit_checked(data)  # no cancellation check first
+            await command.wait()
+            return command.result()[index]
+        return await self._writer.append_one(data)  # k7core's own checks and errors
 
     async def enqueue_many(self, items: Iterable[Payload]) -> list[int]:
         """Append a batch as one unit (consecutive, in order); return the offsets."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import k7core
 
-from ._owner import Call, Command, Owner
+from ._owner import Call, Command, Gather, Owner
 from ._types import Payload
 
 MAX_BATCH_MESSAGES = 65536
@@ -21,17 +21,20 @@ MAX_BATCH_MESSAGES = 65536
 (a write is never split: a larger one is appended alone, in one call)."""
 
 
-class Append(Command[k7core.Queue, list[int]]):
+class Append(Gather[k7core.Queue, int]):
     """Messages to append as one unit (consecutive offsets, in order)."""
 
-    __slots__ = ("items",)
-
-    def __init__(self, items: list[Payload]) -> None:
-        super().__init__()
-        self.items = items
+    __slots__ = ()
 
     def execute(self, queue: k7core.Queue) -> list[int]:
         return queue.enqueue_many(self.items) if self.items else []
+
+
+class AppendGathered(Append):
+    """Single messages of many awaiting tasks of one loop, appended as one unit: each task
+    takes its offset by index (:meth:`Owner.gather`). The tasks checked their messages."""
+
+    __slots__ = ()
 
 
 class AppendOne(Command[k7core.Queue, int]):
@@ -147,6 +150,12 @@ class Writer:
         """Append one message; the awaiting tasks of one loop share one wake-up per batch.
         No cancellation check before the hand-over (the per-message path)."""
         return await self._owner.call(AppendOne(item), precheck=False)
+
+    def submit_checked(self, item: bytes) -> tuple[AppendGathered, int]:
+        """Hand over one message the caller has checked (bytes that fit a segment); await
+        ``wait()`` on the command, then its offset is ``result()[index]``. The awaiting
+        tasks of one loop share one command, one wake-up and one answer per batch."""
+        return self._owner.gather(AppendGathered, item)
 
     async def drain(self) -> None:
         """Wait (shielded) until every write handed over before this call has completed."""

@@ -101,6 +101,11 @@ class QueueOptions:
             or self.retention_age is not None
         )
 
+    @property
+    def max_message_size(self) -> int:
+        """The largest message, in bytes, that fits a segment (frames are aligned)."""
+        return min(MAX_PAYLOAD, self.segment_size // FRAME_ALIGN * FRAME_ALIGN - FRAME_HEADER)
+
     def check_message_size(self, n: int, path: Path | str | os.PathLike[str]) -> None:
         """Raise ``MessageTooLargeError`` if a message of ``n`` bytes cannot fit a segment."""
         if n > MAX_PAYLOAD or frame_size(n) > self.segment_size:

@@ -13,7 +13,7 @@ import anyio.lowlevel
 import pytest
 
 import k7core
-from k7async._owner import Call, Command, Owner
+from k7async._owner import Call, Command, Gather, Owner
 
 
 class Resource:
@@ -146,6 +146,78 @@ def test_tasks_of_two_loops_in_two_threads_share_batches() -> None:
         else:
             assert outcomes[n] == (n, owner_thread_ident(resource))
     assert resource.ran == Counter({n: 1 for n in [-1, *numbers]})
+
+
+class Collect(Gather[Resource, tuple[int, int]]):
+    """Gathers numbers; each gets back (number, how many items its command held)."""
+
+    __slots__ = ()
+    limit = 30
+
+    def execute(self, resource: Resource) -> list[tuple[int, int]]:
+        resource.touch()
+        for n in self.items:
+            resource.ran[n] += 1
+        return [(n, len(self.items)) for n in self.items]
+
+
+def test_gather_shares_a_command_per_loop_while_the_thread_is_busy() -> None:
+    """While the owner thread is held, 70 tasks of an asyncio loop and 70 of a trio loop
+    gather their items: each loop fills commands of its own, 30 items at most (the limit);
+    every task gets its own result by index, in its own loop. Once the thread is free again
+    and has taken them, a new item starts a new command."""
+    resource = Resource()
+    owner = new_owner(resource)
+    tasks = 70
+    submitted = threading.Barrier(3)
+    got: dict[int, tuple[int, int]] = {}
+    commands: dict[str, set[int]] = {"asyncio": set(), "trio": set()}
+    kinds: set[type] = set()
+
+    async def loop(backend: str, base: int) -> None:
+        async def task(n: int) -> None:
+            command, index = owner.gather(Collect, n)
+            commands[backend].add(id(command))
+            kinds.add(type(command))
+            await command.wait()
+            got[n] = command.result()[index]
+
+        async with anyio.create_task_group() as tg:
+            for i in range(tasks):
+                tg.start_soon(task, base + i)
+            await anyio.wait_all_tasks_blocked()
+            await anyio.to_thread.run_sync(submitted.wait)
+
+    resource.hold()
+    owner.submit(Job(-1), answer=False)
+    assert resource.held.wait(30)
+
+    def release() -> None:
+        submitted.wait()
+        resource.gate.set()
+
+    run_in_threads(
+        lambda: anyio.run(loop, "asyncio", 0, backend="asyncio"),
+        lambda: anyio.run(loop, "trio", 1000, backend="trio"),
+        release,
+    )
+    numbers = [*range(tasks), *range(1000, 1000 + tasks)]
+    assert kinds == {Collect}
+    assert len(commands["asyncio"]) == len(commands["trio"]) == 3  # 30 + 30 + 10 each
+    assert not commands["asyncio"] & commands["trio"]
+    assert sorted(got) == numbers
+    assert all(got[n][0] == n for n in numbers)
+    assert sorted(got[n][1] for n in range(tasks)) == [10] * 10 + [30] * 60
+    assert resource.ran == Counter({n: 1 for n in [-1, *numbers]})
+
+    async def later() -> tuple[int, int]:  # the thread took the others: a new command
+        command, index = owner.gather(Collect, 5000)
+        assert index == 0
+        await command.wait()
+        return command.result()[index]
+
+    assert anyio.run(later) == (5000, 1)
+    owner.close()
 
 
 def owner_thread_ident(resource: Resource) -> int:

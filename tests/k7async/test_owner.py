@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -94,6 +94,30 @@ def run_in_threads(*targets: Callable[[], None]) -> None:
         raise errors[0]
 
 
+def run_two_loops_held(
+    resource: Resource,
+    owner: Owner[Resource],
+    loop: Callable[[str, int], Awaitable[None]],
+    submitted: threading.Barrier,
+) -> None:
+    """Hold the owner thread (busy with command -1), run ``loop("asyncio", 0)`` and
+    ``loop("trio", 1000)`` each in a thread of its own, and let the owner thread go on once
+    both loops and this thread have passed ``submitted``."""
+    resource.hold()
+    owner.submit(Job(-1), answer=False)
+    assert resource.held.wait(30)  # the owner thread waits at the gate, with that one alone
+
+    def release() -> None:
+        submitted.wait()
+        resource.gate.set()
+
+    run_in_threads(
+        lambda: anyio.run(loop, "asyncio", 0, backend="asyncio"),
+        lambda: anyio.run(loop, "trio", 1000, backend="trio"),
+        release,
+    )
+
+
 def test_tasks_of_two_loops_in_two_threads_share_batches() -> None:
     """100 tasks in an asyncio loop and 100 in a trio loop, each loop in its own thread,
     submit while the owner thread is held: the next batch holds all 200, every task gets
@@ -123,19 +147,7 @@ def test_tasks_of_two_loops_in_two_threads_share_batches() -> None:
             await anyio.wait_all_tasks_blocked()  # every task waits for its command
             await anyio.to_thread.run_sync(submitted.wait)
 
-    resource.hold()
-    owner.submit(Job(-1), answer=False)
-    assert resource.held.wait(30)  # the owner thread waits at the gate, with that one alone
-
-    def release() -> None:
-        submitted.wait()
-        resource.gate.set()
-
-    run_in_threads(
-        lambda: anyio.run(loop, "asyncio", 0, backend="asyncio"),
-        lambda: anyio.run(loop, "trio", 1000, backend="trio"),
-        release,
-    )
+    run_two_loops_held(resource, owner, loop, submitted)
     owner.close()
     numbers = [*range(tasks), *range(1000, 1000 + tasks)]
     assert sorted(resource.batches[1]) == numbers  # one batch for both loops
@@ -188,19 +200,7 @@ def test_gather_shares_a_command_per_loop_while_the_thread_is_busy() -> None:
             await anyio.wait_all_tasks_blocked()
             await anyio.to_thread.run_sync(submitted.wait)
 
-    resource.hold()
-    owner.submit(Job(-1), answer=False)
-    assert resource.held.wait(30)
-
-    def release() -> None:
-        submitted.wait()
-        resource.gate.set()
-
-    run_in_threads(
-        lambda: anyio.run(loop, "asyncio", 0, backend="asyncio"),
-        lambda: anyio.run(loop, "trio", 1000, backend="trio"),
-        release,
-    )
+    run_two_loops_held(resource, owner, loop, submitted)
     numbers = [*range(tasks), *range(1000, 1000 + tasks)]
     assert kinds == {Collect}
     assert len(commands["asyncio"]) == len(commands["trio"]) == 3  # 30 + 30 + 10 each

@@ -75,9 +75,9 @@ async def checkpoints(n: int) -> float:
     return time.perf_counter() - t0
 
 
-async def produce(q: k7core.Queue, per_task: int, tasks: int) -> float:
+async def produce(q: k7core.Queue, per_task: int, tasks: int, buffer: int) -> float:
     """Seconds for ``tasks`` tasks to send ``per_task`` messages each through one producer
-    channel, until the channel's context has exited."""
+    channel (``max_buffer_size=buffer``), until the channel's context has exited."""
 
     async def producer(send: anyio.abc.ObjectSendStream[bytes]) -> None:
         async with send:
@@ -85,7 +85,8 @@ async def produce(q: k7core.Queue, per_task: int, tasks: int) -> float:
                 await send.send(PAYLOAD)
 
     t0 = time.perf_counter()
-    async with k7async.producer_channel(q) as send, anyio.create_task_group() as tg:
+    async with (k7async.producer_channel(q, max_buffer_size=buffer) as send,
+                anyio.create_task_group() as tg):
         for _ in range(tasks):
             tg.start_soon(producer, send.clone())
     return time.perf_counter() - t0
@@ -148,8 +149,10 @@ def _checkpoint_case(n: int, backend: str) -> Case:
     return Case(name, "baseline", setup, {"messages": n, "backend": backend})
 
 
-def _producer_case(n: int, tasks: int, backend: str) -> Case:
-    name = f"k7async producer_channel {tasks} task{'s' if tasks > 1 else ''} ({backend})"
+def _producer_case(n: int, tasks: int, backend: str, buffer: int = 256) -> Case:
+    """The default buffer (256) unless ``buffer`` says otherwise (then named in the case)."""
+    sized = "" if buffer == 256 else f" max_buffer_size={buffer}"
+    name = f"k7async producer_channel {tasks} task{'s' if tasks > 1 else ''}{sized} ({backend})"
     per_task = n // tasks
 
     @contextmanager
@@ -157,13 +160,14 @@ def _producer_case(n: int, tasks: int, backend: str) -> Case:
         with k7core.Queue(root / "prod", fsync="flush", segment_size=SEGMENT) as q:
 
             def run() -> Samples:
-                elapsed = anyio.run(produce, q, per_task, tasks, backend=backend)
+                elapsed = anyio.run(produce, q, per_task, tasks, buffer, backend=backend)
                 return {name: ("msg/s", per_task * tasks / elapsed)}
 
             yield run
 
     return Case(name, "k7", setup, {"payload": 32, "messages": per_task * tasks, "tasks": tasks,
-                                    "fsync": "flush", "backend": backend})
+                                    "max_buffer_size": buffer, "fsync": "flush",
+                                    "backend": backend})
 
 
 def _consumer_case(n: int, auto_ack: bool, batches: bool, backend: str) -> Case:
@@ -240,6 +244,7 @@ def cases(s: Sizes) -> list[Case]:
         out += [
             _producer_case(s.messages, 1, backend),
             _producer_case(s.messages, 100, backend),
+            _producer_case(s.messages, 100, backend, buffer=1024),
             _consumer_case(s.messages, True, False, backend),
             _consumer_case(s.messages, False, False, backend),
             _consumer_case(s.messages, True, True, backend),

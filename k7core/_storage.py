@@ -8,6 +8,7 @@ import fcntl
 import os
 import stat
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -146,21 +147,29 @@ def read_file(path: Path) -> bytes:
         os.close(fd)
 
 
-def write_file_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
-    """Replace ``path`` with ``data`` atomically and durably: a temporary file (created
-    through :func:`open_fd`), written and fsynced, renamed over ``path``, directory fsynced.
-    A crash leaves the old content or the new one, never a mix."""
+def write_file_atomic(
+    path: Path, data: bytes | Iterable[bytes], mode: int = FILE_MODE
+) -> None:
+    """Replace ``path`` with ``data`` (bytes, or chunks of bytes written in turn, for content
+    too large to hold twice) atomically and durably: a temporary file (created through
+    :func:`open_fd`), written and fsynced, renamed over ``path``, directory fsynced. A crash
+    leaves the old content or the new one, never a mix."""
     tmp = path.with_name(path.name + ".tmp")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)  # one left by a crash
     fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        for chunk in (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
         fsync_file(fd, tmp)
-    finally:
+    except BaseException:
         os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # nothing half-written stays behind
+        raise
+    os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

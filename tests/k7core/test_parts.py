@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import multiprocessing
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,31 @@ def test_remove_when_empty_leaves_other_layers_files(tmp_path: Path) -> None:
         (d / "k7py-staging").mkdir()
         (d / "k7py-torn-x.bin").write_bytes(b"t")  # recovery's side file: the queue's own
     assert sorted(p.name for p in d.iterdir()) == ["k7py-sink-query.json", "k7py-staging"]
+
+
+def test_write_file_atomic_takes_bytes_or_chunks(tmp_path: Path) -> None:
+    from k7core._storage import read_file, write_file_atomic
+
+    target = tmp_path / "state"
+    write_file_atomic(target, b"one")
+    assert read_file(target) == b"one"
+    write_file_atomic(target, (bytes([i]) * 1000 for i in range(70)))
+    assert read_file(target) == b"".join(bytes([i]) * 1000 for i in range(70))
+
+    def failing() -> Iterator[bytes]:
+        yield b"half"
+        raise RuntimeError("the producer of the chunks failed")
+
+    with pytest.raises(RuntimeError):
+        write_file_atomic(target, failing())
+    assert read_file(target) == b"".join(bytes([i]) * 1000 for i in range(70))  # old content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]  # no temporary left
+
+
+def test_max_message_size_is_the_largest_that_fits(tmp_path: Path) -> None:
+    for size in (4096, 4104, 1 << 20):
+        with k7core.Queue(tmp_path / f"q{size}", segment_size=size) as q:
+            biggest = q.options.max_message_size
+            q.enqueue(b"x" * biggest)
+            with pytest.raises(k7core.MessageTooLargeError):
+                q.check_message_size(biggest + 1)

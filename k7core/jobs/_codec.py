@@ -15,6 +15,7 @@ PUT the id *offset of its frame + 1* (never 0, never reused), so a PUT does not 
                 u8 1 if an error text follows; the error text: the rest of the record
     BURY     4  u64 id, u32 priority, u8 1 if an error text follows; the error text
     KICK     5  u64 id
+    READY    6  u64 id (a delayed or buried job made ready by reserve-job; no counter)
 
 Reservations, touches, time-to-run expiries, delays coming due and pauses are not journaled
 (as in beanstalkd's binlog); replaying a journal therefore leaves every job that was reserved
@@ -61,6 +62,7 @@ OP_DELETE = 2
 OP_RELEASE = 3
 OP_BURY = 4
 OP_KICK = 5
+OP_READY = 6
 
 _NO_KEY = 0xFFFF
 _PUT = struct.Struct("<BIddddBHI")
@@ -69,6 +71,7 @@ _RELEASE = struct.Struct("<BQIddB")
 _BURY = struct.Struct("<BQIB")
 _DELETE_HEAD = bytes([OP_DELETE])
 _KICK_HEAD = bytes([OP_KICK])
+_READY_HEAD = bytes([OP_READY])
 
 MAGIC = b"K7JOBSNP"
 VERSION = 1
@@ -126,6 +129,11 @@ def encode_kick(job_id: int) -> bytes:
     return _KICK_HEAD + job_id.to_bytes(8, "little")
 
 
+def encode_ready(job_id: int) -> bytes:
+    """The READY record of a delayed or buried job that reserve-job takes."""
+    return _READY_HEAD + job_id.to_bytes(8, "little")
+
+
 def replay(machine: JobMachine, record: bytes | bytearray | memoryview, offset: int) -> None:
     """Apply one journal record, read at journal ``offset``, to ``machine`` (a PUT makes job
     ``offset + 1``). CorruptJobDataError if the record cannot be decoded."""
@@ -157,12 +165,14 @@ def _replay(machine: JobMachine, record: bytes | bytearray | memoryview, offset:
             raise ValueError("PUT record cut short")
         machine.apply_put(offset + 1, tube, priority, delay, ttr, ready_at, created_at, key,
                           dep_ids, bytes(record[pos:]))
-    elif op in (OP_DELETE, OP_KICK):
+    elif op in (OP_DELETE, OP_KICK, OP_READY):
         _, job_id = _ID.unpack(record)
         if op == OP_DELETE:
             machine.apply_delete(job_id)
-        else:
+        elif op == OP_KICK:
             machine.apply_kick(job_id)
+        else:
+            machine.apply_ready(job_id)
     elif op == OP_RELEASE:
         _, job_id, priority, delay, ready_at, has_error = _RELEASE.unpack_from(record)
         error = str(record[_RELEASE.size:], "utf-8") if has_error else None

@@ -6,7 +6,8 @@ tests drive it the same way. One caller at a time: the store holds its lock arou
 
 Two kinds of operations:
 
-- **Journaled mutations** (put, delete, release, bury, kick) come in two halves. ``check_*``
+- **Journaled mutations** (put, delete, release, bury, kick, and the move to ready that
+  starts a reserve-job of a delayed or buried job) come in two halves. ``check_*``
   validates and resolves the arguments and raises, changing nothing, on bad input; it returns
   a plan. ``apply_*`` never fails and is deterministic: the store calls it with the plan after
   the journal append, and replay calls it with the decoded record. Between a ``check_*`` and
@@ -14,9 +15,10 @@ Two kinds of operations:
   carry absolute times (``ready_at``, ``created_at``), so a replay rebuilds the same state.
 - **Not journaled** (as in beanstalkd's binlog): reservations (``reserve``, ``reserve_job``,
   ``touch``, ``release_owner``, the expiry of a time-to-run), delays coming due, pauses and
-  tube references. So at replay a job that was reserved is ready (or delayed, buried: where
-  the journal left it), and ``apply_release``/``apply_bury``/``apply_kick``/``apply_delete``
-  accept a job in any state they can meet there.
+  tube references. A job is reserved only from ready, so at replay a job that was reserved
+  is ready (as a snapshot saves it), and ``apply_release``/``apply_bury``/``apply_kick``/
+  ``apply_delete`` accept a job in any state they can meet there (a delayed one whose
+  delay ran out live, for one).
 
 Deadlines move jobs only in :meth:`JobMachine.advance`: call it with the current time before
 the operations of a moment (it costs a comparison when nothing is due), and arm one timer at
@@ -838,11 +840,29 @@ class JobMachine:
         self._enter_reserved(rec, owner, now)
         return _job(rec)
 
-    def reserve_job(self, job_id: int, owner: Hashable, now: float) -> Job:
-        """Reserve job ``job_id`` for ``owner`` (beanstalkd's reserve-job): it must be ready,
-        delayed or buried, else JobNotFoundError."""
+    def check_reserve_job(self, job_id: int) -> bool:
+        """Check beanstalkd's reserve-job: JobNotFoundError unless job ``job_id`` is ready,
+        delayed or buried. True when it is delayed or buried: then journal a READY record
+        and :meth:`apply_ready` before :meth:`reserve_job`, so that the job is ready after a
+        restart whether the store reopens from a snapshot or from the journal."""
         rec = self._jobs.get(job_id)
         if rec is None or rec.state is RESERVED or rec.state is WAITING:
+            raise _not_found(job_id)
+        return rec.state is not READY
+
+    def apply_ready(self, job_id: int) -> None:
+        """Move job ``job_id`` from delayed or buried to ready, counting nothing (the first
+        half of reserve-job; no-op in any other state)."""
+        rec = self._jobs.get(job_id)
+        if rec is not None and (rec.state is BURIED or rec.state is DELAYED):
+            self._leave(rec)
+            self._enter_ready(rec)
+
+    def reserve_job(self, job_id: int, owner: Hashable, now: float) -> Job:
+        """Reserve the ready job ``job_id`` for ``owner`` (beanstalkd's reserve-job, after
+        :meth:`check_reserve_job`), else JobNotFoundError."""
+        rec = self._jobs.get(job_id)
+        if rec is None or rec.state is not READY:
             raise _not_found(job_id)
         self._leave(rec)
         self._enter_reserved(rec, owner, now)
@@ -1145,7 +1165,9 @@ class JobMachine:
 
     def finish_load(self) -> None:
         """Build the heaps and the dependency index after :meth:`load_jobs`."""
-        for t in self._tubes.values():
+        for t in list(self._tubes.values()):
+            if not t.jobs:  # a tube of the snapshot's table without jobs
+                del self._tubes[t.name]
             heapq.heapify(t.ready)
             heapq.heapify(t.delayed)
         heapq.heapify(self._delayed)

@@ -434,8 +434,8 @@ class JobMachine:
     # --- put -------------------------------------------------------------------------------
 
     def check_put(
-        self, tube: str, body: bytes, priority: int, delay: float, ttr: float,
-        key: str | None, depends_on: Iterable[int | tuple[str, str]], now: float,
+        self, tube: str, body: bytes | bytearray | memoryview, priority: int, delay: float,
+        ttr: float, key: str | None, depends_on: Iterable[int | tuple[str, str]], now: float,
     ) -> int | PutPlan:
         """Check a put. The id of the live job of ``tube`` that already has ``key`` (store
         nothing), or the plan to journal and apply. ``depends_on``: job ids or ``(tube,
@@ -466,7 +466,8 @@ class JobMachine:
 
     def _resolve(self, depends_on: Iterable[int | tuple[str, str]]) -> tuple[int, ...]:
         if isinstance(depends_on, str | bytes):
-            raise InvalidJobError("depends_on is a sequence of job ids or (tube, key) pairs")
+            raise InvalidJobError("depends_on is a sequence of job ids or (tube, key) pairs",
+                                  hint=f"got a {type(depends_on).__name__}: wrap it in a list")
         ids: dict[int, None] = {}
         try:
             items = list(depends_on)

@@ -201,13 +201,15 @@ def dump_snapshot(machine: JobMachine, position: int = 0) -> Iterator[bytes]:
     codes = _STATE_CODES
     top = MAX_U32
     for job in machine.jobs():
-        reserved = job.state is JobState.RESERVED
-        rows.append(pack(
-            job.id, tubes[job.tube], codes[job.state], job.priority, job.delay, job.ttr,
-            0.0 if reserved else job.ready_at, job.created_at, min(job.reserves, top),
-            min(job.timeouts, top), min(job.releases, top), min(job.buries, top),
-            min(job.kicks, top),
-        ))
+        ready_at = 0.0 if job.state is JobState.RESERVED else job.ready_at
+        counters = (job.reserves, job.timeouts, job.releases, job.buries, job.kicks)
+        try:
+            row = pack(job.id, tubes[job.tube], codes[job.state], job.priority, job.delay,
+                       job.ttr, ready_at, job.created_at, *counters)
+        except struct.error:  # a counter past 2**32-1 (beanstalkd's u32): saved as the max
+            row = pack(job.id, tubes[job.tube], codes[job.state], job.priority, job.delay,
+                       job.ttr, ready_at, job.created_at, *(min(c, top) for c in counters))
+        rows.append(row)
         lengths.append(len(job.body))
         bodies.append(job.body)
         if job.key is not None or job.depends_on or job.errors:

@@ -21,8 +21,9 @@ Two kinds of operations:
   delay ran out live, for one).
 
 Deadlines move jobs only in :meth:`JobMachine.advance`: call it with the current time before
-the operations of a moment (it costs a comparison when nothing is due), and arm one timer at
-:meth:`JobMachine.next_deadline` to make expiry eager.
+the operations of a moment and after each mutation (it costs a comparison when nothing is
+due: a delete that frees a waiting job whose delay has passed leaves it delayed and due), and
+arm one timer at :meth:`JobMachine.next_deadline` to make expiry eager.
 
 Structures: a dict of records by id; per tube a heap of ready jobs (beanstalkd's order:
 priority, then id), each entry one int ``priority << 128 | id << 64 | seq`` (an int compares
@@ -505,7 +506,7 @@ class JobMachine:
         """Store a checked put as job ``job_id``: waiting if a dependency is live, else
         delayed if ``ready_at`` is set, else ready."""
         t = self._tubes.get(tube)
-        if t is None or self._idle:
+        if t is None or (self._idle and tube in self._idle):
             t = self._tube(tube)
         rec = _Record(job_id, t, priority, delay, ttr, ready_at, created_at, key, dep_ids,
                       body)

@@ -176,3 +176,13 @@ def test_truncated_or_foreign_snapshots_are_reported() -> None:
     for bad in (data[:-1], data[:10], b"", b"hello" * 10, data[:8] + b"\x02" + data[9:]):
         with pytest.raises(CorruptJobDataError):
             load_snapshot(bad)
+
+
+def test_counters_past_u32_are_saved_as_the_max() -> None:
+    m = JobMachine()
+    plan = m.check_put("t", b"", 1, 0, 1, None, (), NOW)
+    assert not isinstance(plan, int)
+    m.apply_put(1, *plan)
+    m._jobs[1].kicks = 2**40
+    loaded = load_snapshot(dump_snapshot(m))
+    assert loaded.peek(1).kicks == 2**32 - 1  # type: ignore[union-attr]

@@ -12,7 +12,8 @@ missing ones are skipped with a note. ``--list`` prints the selected case names 
 
 Cases: ``_k7`` (single calls: enqueue, poll, round trips, 64 KiB, baselines), ``_scenarios``
 (four groups, sustained runs in one and two processes, peak RSS), ``_async`` (k7async
-bridges), ``_peers``.
+bridges), ``_peers``, ``_jobs`` (issue 14: the job store against litequeue, persist-queue,
+huey and beanstalkd, 100-byte bodies; every name starts with ``jobs``, so ``--only jobs``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import traceback
 from datetime import date
 from pathlib import Path
 
-from . import _async, _k7, _peers, _scenarios
+from . import _async, _jobs, _k7, _peers, _scenarios
 from ._harness import (
     Case,
     Record,
@@ -65,10 +66,12 @@ def build_cases(quick: bool, peers: bool) -> tuple[list[Case], list[Skipped]]:
     cases = _k7.cases(_k7.QUICK if quick else _k7.FULL)
     cases += _scenarios.cases(_scenarios.QUICK if quick else _scenarios.FULL)
     cases += _async.cases(_async.QUICK if quick else _async.FULL)
-    skipped: list[Skipped] = []
+    job_cases, skipped = _jobs.cases(_jobs.QUICK if quick else _jobs.FULL, peers)
+    cases += job_cases
     if peers:
-        peer_cases, skipped = _peers.cases(*((1_000, 100) if quick else (5_000, 500)))
+        peer_cases, peer_skipped = _peers.cases(*((1_000, 100) if quick else (5_000, 500)))
         cases += peer_cases
+        skipped += peer_skipped
     cases.sort(key=lambda c: (c.late, GROUP_ORDER.get(c.group, len(GROUP_ORDER))))
     return cases, skipped
 

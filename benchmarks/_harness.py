@@ -130,9 +130,9 @@ def write_plot(path: Path, records: list[Record], title: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    rows = [r for r in records if r.unit == "msg/s"]
+    rows = [r for r in records if r.unit in ("msg/s", "jobs/s")]
     if not rows:
-        raise SystemExit("--plot: no msg/s records to plot")
+        raise SystemExit("--plot: no msg/s or jobs/s records to plot")
     fig, ax = plt.subplots(figsize=(10, 0.28 * len(rows) + 1.5))
     ys = range(len(rows))
     ax.barh(
@@ -143,7 +143,7 @@ def write_plot(path: Path, records: list[Record], title: str) -> None:
     ax.set_yticks(list(ys), [r.name for r in rows], fontsize=7)
     ax.invert_yaxis()
     ax.set_xscale("log")
-    ax.set_xlabel("messages per second (median, log scale; whiskers: min-max)")
+    ax.set_xlabel("messages or jobs per second (median, log scale; whiskers: min-max)")
     ax.set_title(textwrap.fill(title, 110), fontsize=8)
     ax.grid(axis="x", which="both", alpha=0.3)
     ax.legend(

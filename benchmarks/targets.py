@@ -1,5 +1,7 @@
-"""Issue 4's targets checked against the records of one run: ``python -m benchmarks.targets
-FILE.json`` prints a Markdown table (target, measured, met or missed).
+"""Issue 4's and issue 14's targets checked against the records of one run: ``python -m
+benchmarks.targets FILE.json`` prints a Markdown table (target, measured, met or missed), then
+a second one: the job store's ratio to each job-queue peer of the same run (issue 14 asks for
+the ratios; they have no floor).
 
 Every figure comes from the JSON that ``python -m benchmarks --json FILE.json`` wrote, so a
 ratio always compares two figures of the same run. A record missing from the file (a
@@ -13,6 +15,17 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from ._jobs import (
+    BEANSTALKD_RAM,
+    K7_INPROC,
+    K7_PRODUCERS,
+    K7_RAM,
+    PRODUCERS,
+    RAM_BEYOND_BODY,
+    k7_reopen_name,
+)
 
 Values = dict[str, float]
 
@@ -138,7 +151,59 @@ TARGETS = [
     Target("≥ 100 x fastest durable peer, dequeue+ack (cursor `sync`, poll(64) + `ack_many`)",
            _vs_peer("k7 poll+ack_many max_batch=64 [cursor sync]", "dequeue+ack",
                     durable=True)),
+    # Issue 14: the job store (100-byte bodies).
+    Target("jobs: `put` flush ≥ 300,000 jobs/s",
+           _at_least(f"{K7_INPROC} put", 3e5, "jobs/s")),
+    Target("jobs: put N, then reserve + delete N, flush ≥ 100,000 jobs/s over the whole",
+           _at_least(f"{K7_INPROC} put+reserve+delete", 1e5, "jobs/s")),
+    Target(f"jobs: durable puts from {PRODUCERS} producers, `sync` ≥ 50,000 jobs/s",
+           _at_least(K7_PRODUCERS, 5e4, "jobs/s")),
+    Target("jobs: reopen a store of 1M live jobs ≤ 3 s",
+           _at_most(k7_reopen_name(1_000_000), 3, "s")),
 ]
+
+
+# The job store against each job-queue peer of the run: (ours, the peer records' suffix,
+# what is compared). Peer records are "jobs peer <name><suffix>".
+JOB_RATIOS = [
+    (f"{K7_INPROC} put", " put", "put, one thread"),
+    (f"{K7_INPROC} put+reserve+delete", " put+reserve+delete",
+     "put N, then reserve + delete N"),
+    (K7_PRODUCERS, f", {PRODUCERS} producers", f"durable puts, {PRODUCERS} producers"),
+]
+
+
+def job_ratios(records: list[dict[str, Any]]) -> str:
+    """The ratio of each job-store figure to the same figure of every job-queue peer, with
+    both durability classes (like for like when they match), and RAM per live job against
+    beanstalkd (lower is better)."""
+    by_name = {str(r["name"]): r for r in records}
+    rows = ["| job store vs peer | k7 (durability) | peer (durability) | k7 / peer |",
+            "|---|---|---|---|"]
+    for ours, suffix, what in JOB_RATIOS:
+        k7 = by_name.get(ours)
+        peer_names = [n for n in by_name if n.startswith("jobs peer ") and n.endswith(suffix)]
+        if k7 is None or not peer_names:
+            rows.append(f"| {what} | not in this run | | — |")
+            continue
+        k7_dur = k7["params"].get("durability", "?")
+        for name in peer_names:
+            peer = by_name[name]
+            label = name[len("jobs peer "):-len(suffix)]
+            rows.append(
+                f"| {what}: {label} | {_fmt(k7['value'])} jobs/s ({k7_dur}) "
+                f"| {_fmt(peer['value'])} jobs/s ({peer['params'].get('durability', '?')}) "
+                f"| {k7['value'] / peer['value']:,.1f} x |")
+    k7_ram = by_name.get(f"{K7_RAM} {RAM_BEYOND_BODY}")
+    bs_ram = by_name.get(f"{BEANSTALKD_RAM} {RAM_BEYOND_BODY}")
+    if k7_ram is None or bs_ram is None or bs_ram["value"] <= 0:
+        rows.append("| RAM per live job beyond the body | not in this run | | — |")
+    else:
+        rows.append(
+            f"| RAM per live job beyond the body ({k7_ram['params'].get('jobs', '?')} jobs; "
+            f"lower is better): beanstalkd -b | {_fmt(k7_ram['value'])} B/job "
+            f"| {_fmt(bs_ram['value'])} B/job | {k7_ram['value'] / bs_ram['value']:.2f} x |")
+    return "\n".join(rows) + "\n"
 
 
 def table(records: list[dict[str, object]]) -> str:
@@ -158,7 +223,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.targets", description=__doc__)
     ap.add_argument("json", type=Path, help="records written by python -m benchmarks --json")
     args = ap.parse_args()
-    print(table(json.loads(args.json.read_text())), end="")
+    records = json.loads(args.json.read_text())
+    print(table(records), end="")
+    print()
+    print(job_ratios(records), end="")
 
 
 if __name__ == "__main__":

@@ -12,10 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks._jobs import NOT_BUILT, jobs_module
 from tests._queuehelp import ROOT
 
+JOB_STORE_BUILT = jobs_module()[1] != NOT_BUILT  # k7core.jobs.JobStore exists (issue 14)
+
 KEYS = {"name", "unit", "value", "min", "max", "params"}
-UNITS = {"msg/s", "us", "MB/s", "MB", "GB", "cpu/wall", "msg/msync", "threads"}
+UNITS = {"msg/s", "us", "MB/s", "MB", "GB", "cpu/wall", "msg/msync", "threads", "jobs/s",
+         "B/job", "s"}
 
 
 def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -33,6 +37,8 @@ def _check_shape(records: list[dict[str, Any]]) -> None:
         assert isinstance(r["params"], dict)
         assert r["unit"] in UNITS, r
         assert r["min"] <= r["value"] <= r["max"], r
+        if r["unit"] == "B/job":  # RAM per job beyond the body: any sign (RSS is in pages)
+            continue
         assert r["min"] > 0 or (r["unit"] == "MB" and r["min"] == 0), r  # an RSS growth may be 0
 
 
@@ -56,10 +62,14 @@ def test_quick_every_case_runs(tmp_path: Path) -> None:
     cases = _bench("--no-peers", "--list", timeout=60).stdout.splitlines()
     assert len(cases) >= 30
     assert len(set(cases)) == len(cases), "two cases share a name"
-    for expected in ("four groups", "sustained one process", "two processes (readonly), unpaced",
-                     "two processes (readonly), paced", "peak RSS", "k7async producer_channel",
-                     "k7async consumer channel", "k7async awaited enqueue [sync]",
-                     "baseline: one bulk copy"):
+    expected_cases = ["four groups", "sustained one process", "two processes (readonly), unpaced",
+                      "two processes (readonly), paced", "peak RSS", "k7async producer_channel",
+                      "k7async consumer channel", "k7async awaited enqueue [sync]",
+                      "baseline: one bulk copy"]
+    if JOB_STORE_BUILT:
+        expected_cases += ["jobs k7 JobStore [flush]", "jobs k7 JobStore [sync], 100 producers",
+                           "jobs k7 reopen 100,000 live jobs", "jobs k7 RAM per live job"]
+    for expected in expected_cases:
         assert any(expected in c for c in cases), expected
     out = tmp_path / "bench.json"
     _bench("--no-peers", "--json", str(out), timeout=300)
@@ -71,14 +81,19 @@ def test_quick_every_case_runs(tmp_path: Path) -> None:
     claimed = {n for n in names if any(n == c or n.startswith(c + " ") for c in cases)}
     assert claimed == set(names), set(names) - claimed
     # The targets table reads this run's records: all there but the peer ratios (no peers)
-    # and two full-run cases (trio's awaited enqueue, the 4 GiB RSS flow).
+    # and three full-run cases (trio's awaited enqueue, the 4 GiB RSS flow, reopening 1M
+    # jobs), and the job store's while it is not built. Then the job-store ratio table.
     proc = subprocess.run([sys.executable, "-m", "benchmarks.targets", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+    targets_text, ratios_text = proc.stdout.split("\n\n")
+    rows = [ln for ln in targets_text.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
     from benchmarks.targets import TARGETS
 
     assert len(rows) == len(TARGETS)
     missing = [r for r in rows if "not in this run" in r]
-    full_only = ("peer", "(trio)", "over 4 GB")
+    full_only = ["peer", "(trio)", "over 4 GB", "1M live jobs"]
+    if not JOB_STORE_BUILT:
+        full_only.append("jobs:")
     assert missing and all(any(f in r for f in full_only) for r in missing), missing
+    assert ratios_text.startswith("| job store vs peer |"), ratios_text

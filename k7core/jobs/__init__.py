@@ -12,6 +12,9 @@ from ._errors import InvalidJobError as InvalidJobError
 from ._errors import JobNotFoundError as JobNotFoundError
 from ._machine import Job as Job
 from ._machine import JobState as JobState
+from ._store import JobOwner as JobOwner
+from ._store import JobStore as JobStore
+from ._store import TubeOverview as TubeOverview
 
 __all__ = [
     "CorruptJobDataError",
@@ -19,7 +22,10 @@ __all__ = [
     "InvalidJobError",
     "Job",
     "JobNotFoundError",
+    "JobOwner",
     "JobState",
+    "JobStore",
+    "TubeOverview",
 ]
 
 # Public objects report this package as their module (as k7core's do).

@@ -697,6 +697,10 @@ class JobMachine:
             self._settle(t)
         return made
 
+    def has_dependents(self, job_id: int) -> bool:
+        """True when a waiting job depends on job ``job_id`` (deleting it may free them)."""
+        return job_id in self._dependents
+
     def _resolved(self, waiting: list[int]) -> int:
         made = 0
         for wid in waiting:

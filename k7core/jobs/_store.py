@@ -1,0 +1,722 @@
+"""JobStore: the job machine made durable, timed and thread-safe.
+
+The store owns a directory::
+
+    DIR/journal/                   a k7 queue: one frame per journaled mutation (``_codec``)
+    DIR/snapshot-<offset>.k7jobs   the live jobs as of journal offset <offset> (``_codec``)
+
+State at open is the newest snapshot that reads back whole plus the journal from the offset
+it covers. Journal offsets are the mutation ids: a job's id is the offset of its PUT + 1.
+One lock serializes every call: a mutation is checked, appended to the journal and applied
+to the machine while the lock is held, so the machine and the journal never disagree.
+
+Durability per ``fsync``: ``"flush"`` and ``"async"`` journal with that strategy. ``"sync"``
+journals with ``"async"`` and each caller then waits, outside the lock, until the flusher
+has msync'd its record: the records of every thread that appended meanwhile share that one
+msync (group commit), and a call returns only once its record is on stable storage.
+
+Two threads of the store's own: the *timer* (one per store, not one per job) applies
+deadlines when they fall due and wakes the reservers; the *snapshotter* writes snapshots in
+the background from its own copy of the state (the newest snapshot plus the journal since,
+replayed), so puts and reserves do not wait for it, then trims the journal below the older
+of the two snapshots it keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .._checks import check_int, check_timeout
+from .._errors import ClosedError, DataLossError, IntegrityError, StorageError
+from .._format import Fsync, parse_fsync
+from .._queue import Queue
+from .._resource import Resource
+from .._storage import read_file, write_file_atomic
+from ._codec import (
+    dump_snapshot,
+    encode_bury,
+    encode_delete,
+    encode_kick,
+    encode_put,
+    encode_ready,
+    encode_release,
+    load_snapshot,
+    snapshot_position,
+)
+from ._codec import (
+    replay as replay_record,
+)
+from ._errors import CorruptJobDataError, JobNotFoundError
+from ._machine import Job, JobMachine, JobState
+
+JOURNAL = "journal"
+"""The journal's directory inside the store's directory."""
+_SNAPSHOT = re.compile(r"snapshot-(\d{20})\.k7jobs")
+SNAPSHOTS_KEPT = 2
+"""Snapshots kept: the newest, and the one before it in case the newest cannot be read (the
+journal is kept from the older one's offset)."""
+JOURNAL_SEGMENT = 16 << 20
+SNAPSHOT_MIN_BYTES = 64 << 20
+"""A snapshot is due once the journal has grown by this much since the last one, or by twice
+the size of the last snapshot if that is more: disk use follows the live jobs."""
+READ_BATCH = 65536
+
+
+def snapshot_name(offset: int) -> str:
+    """The file name of the snapshot that covers the journal below ``offset``."""
+    return f"snapshot-{offset:020d}.k7jobs"
+
+
+def list_snapshots(path: Path) -> list[tuple[int, Path]]:
+    """The store's snapshots, newest first, as (journal offset covered, file)."""
+    found = []
+    with os.scandir(path) as entries:
+        for entry in entries:
+            m = _SNAPSHOT.fullmatch(entry.name)
+            if m is not None:
+                found.append((int(m.group(1)), Path(entry.path)))
+    return sorted(found, reverse=True)
+
+
+@dataclass
+class State:
+    """What :func:`load_state` rebuilt."""
+
+    machine: JobMachine
+    covered: int
+    """The journal offset the snapshot used covers (0: none was used)."""
+    snapshot_size: int
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    """Snapshots that could not be read back (an older one was used), and why."""
+
+
+@dataclass(frozen=True)
+class TubeOverview:
+    """One tube at a glance: live jobs by state, and how long its oldest ready job has
+    waited (seconds; None when it has no ready job)."""
+
+    ready: int
+    delayed: int
+    reserved: int
+    buried: int
+    waiting: int
+    oldest_ready_age: float | None
+
+
+def overview(machine: JobMachine, now: float) -> dict[str, TubeOverview]:
+    """Every tube of ``machine`` at a glance, by name."""
+    out = {}
+    for tube in sorted(machine.tubes()):
+        n = machine.counts(tube)
+        created = machine.oldest_ready_created_at(tube)
+        out[tube] = TubeOverview(
+            n[JobState.READY], n[JobState.DELAYED], n[JobState.RESERVED], n[JobState.BURIED],
+            n[JobState.WAITING], None if created is None else max(now - created, 0.0),
+        )
+    return out
+
+
+def load_state(path: Path, journal: Queue, upto: int | None = None) -> State:
+    """The newest snapshot that reads back whole (an older one if it does not), plus the
+    journal after it, up to ``upto`` (default: its end)."""
+    skipped: list[tuple[Path, str]] = []
+    machine, covered, size = JobMachine(), 0, 0
+    for offset, file in list_snapshots(path):
+        if upto is not None and offset > upto:
+            continue
+        try:
+            data = read_file(file)
+            if snapshot_position(data) != offset:
+                raise CorruptJobDataError(f"snapshot {file.name} says it covers another offset")
+            machine = load_snapshot(data)
+        except (IntegrityError, StorageError) as exc:
+            skipped.append((file, str(exc)))
+            continue
+        covered, size = offset, len(data)
+        break
+    earliest = journal.earliest()
+    if covered < earliest:
+        raise DataLossError(
+            f"the journal of {path} starts at offset {earliest}, after the snapshot it "
+            f"needs (offset {covered}): the mutations in between are lost",
+            earliest=earliest, path=path, offset=covered,
+            hint="restore the store's directory from a backup",
+        )
+    replay_journal(machine, journal, covered, journal.end if upto is None else upto)
+    machine.reset_counters()
+    return State(machine, covered, size, skipped)
+
+
+def replay_journal(machine: JobMachine, journal: Queue, start: int, end: int) -> None:
+    """Apply the journal's records in [start, end) to ``machine``."""
+    offset = start
+    while offset < end:
+        batch = journal.read_columnar(offset, READ_BATCH)
+        if not len(batch):
+            raise CorruptJobDataError(
+                f"the journal of the job store ends at {offset}, before {end}",
+                path=journal.path, offset=offset,
+                hint="restore the store's directory from a backup",
+            )
+        view, starts, lengths, offsets = batch.view, batch.starts, batch.lengths, batch.offsets
+        for i in range(len(batch)):
+            at = offsets[i]
+            if at >= end:
+                return
+            s = starts[i]
+            replay_record(machine, view[s:s + lengths[i]], at)
+        offset = batch.next
+
+
+class JobStore(Resource):
+    """A durable job store in directory ``path`` (created if missing); one process owns it.
+
+    ``fsync``: ``"flush"`` (a call that returned survives the process being killed),
+    ``"sync"`` (survives power loss; concurrent callers share one msync), ``"async"`` (the
+    background flusher makes it durable within ``commit_interval``). A second JobStore on
+    the same directory, in this process or another, gets :class:`k7core.QueueLockedError`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        fsync: str | Fsync = Fsync.FLUSH,
+        commit_interval: float = 50e-6,
+        snapshot_bytes: int = SNAPSHOT_MIN_BYTES,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._closed = True
+        self._path = Path(path)
+        self._fsync = parse_fsync(fsync, "fsync")
+        self._sync = self._fsync is Fsync.SYNC
+        self._snapshot_bytes = check_int(snapshot_bytes, "snapshot_bytes", 1)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)  # reservers wait here
+        self._wake_timer = threading.Condition(self._lock)
+        self._wake_snapshotter = threading.Condition(self._lock)
+        self._waiters = 0
+        self._timer_at: float | None = None
+        self._snapshot_due = False
+        self.snapshot_error: BaseException | None = None
+        """The last background snapshot's failure, if it failed (the journal keeps all)."""
+        self._path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._journal = Queue(
+            self._path / JOURNAL, fsync=Fsync.ASYNC if self._sync else self._fsync,
+            commit_interval=commit_interval, segment_size=JOURNAL_SEGMENT,
+        )
+        try:
+            state = load_state(self._path, self._journal)
+        except BaseException:
+            self._journal.close()
+            raise
+        self._machine = state.machine
+        self._machine.advance(clock())
+        self._snapshot_base = state.covered
+        self._snapshot_size = state.snapshot_size
+        self.skipped_snapshots = state.skipped
+        """Snapshots open could not read back (an older one was used), and why."""
+        self._closed = False
+        name = self._path.name
+        self._timer = threading.Thread(target=self._run_timer, name=f"k7-jobs-timer-{name}",
+                                       daemon=True)
+        self._snapshotter = threading.Thread(target=self._run_snapshotter,
+                                             name=f"k7-jobs-snapshot-{name}", daemon=True)
+        self._timer.start()
+        self._snapshotter.start()
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def fsync(self) -> Fsync:
+        return self._fsync
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------------ the writes
+
+    def put(
+        self,
+        body: bytes,
+        *,
+        tube: str = "default",
+        priority: int = 1024,
+        delay: float = 0.0,
+        ttr: float = 60.0,
+        key: str | None = None,
+        depends_on: Iterable[int | tuple[str, str]] = (),
+    ) -> int:
+        """Store a job; return its id (ids are never reused). With ``key``, a live job of
+        ``tube`` that has the same key is returned instead and nothing is stored.
+        ``depends_on``: ids or ``(tube, key)`` pairs of live jobs; the job waits until all
+        of them are deleted."""
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            plan = self._machine.check_put(tube, body, priority, delay, ttr, key, depends_on,
+                                           self._clock())
+            if isinstance(plan, int):
+                return plan
+            offset = self._append(encode_put(*plan))
+            self._machine.apply_put(offset + 1, *plan)
+            if plan.ready_at:
+                self._arm(plan.ready_at)
+            elif self._waiters:
+                self._ready.notify_all()
+        if self._sync:
+            self._durable(offset)
+        return offset + 1
+
+    def delete(self, job_id: int) -> None:
+        """Delete a job that is ready, delayed, buried or waiting (a reserved one only its
+        owner may delete: :meth:`JobOwner.delete`); JobNotFoundError otherwise."""
+        self._delete(job_id, None)
+
+    def kick(self, tube: str, bound: int) -> int:
+        """Move up to ``bound`` jobs of ``tube`` to ready: buried ones (oldest first) if it
+        has any, else delayed ones (soonest first). Returns how many."""
+        with self._lock:
+            self._check_open()
+            ids = self._machine.plan_kick(tube, bound)
+            offset = -1
+            for job_id in ids:
+                offset = self._append(encode_kick(job_id))
+                self._machine.apply_kick(job_id)
+            if ids and self._waiters:
+                self._ready.notify_all()
+        if self._sync and offset >= 0:
+            self._durable(offset)
+        return len(ids)
+
+    def kick_job(self, job_id: int) -> None:
+        """Move one buried or delayed job to ready; JobNotFoundError otherwise."""
+        with self._lock:
+            self._check_open()
+            self._machine.check_kick_job(job_id)
+            offset = self._append(encode_kick(job_id))
+            self._machine.apply_kick(job_id)
+            if self._waiters:
+                self._ready.notify_all()
+        if self._sync:
+            self._durable(offset)
+
+    def pause_tube(self, tube: str, seconds: float) -> None:
+        """Reserve no job of ``tube`` for ``seconds`` (not journaled: a pause ends with the
+        store, as in beanstalkd)."""
+        with self._lock:
+            self._check_open()
+            self._machine.pause_tube(tube, seconds, self._clock())
+            self._rearm()
+
+    def owner(self) -> JobOwner:
+        """A handle whose reservations are its own: only it may delete, release, bury or
+        touch them, and closing it makes them ready at once."""
+        self._check_open()
+        return JobOwner(self)
+
+    # ------------------------------------------------------------------ the reads
+
+    def peek(self, job_id: int) -> Job | None:
+        """The job (any state), or None if there is no such live job."""
+        with self._lock:
+            self._check_open()
+            return self._machine.peek(job_id)
+
+    def peek_ready(self, tube: str = "default") -> Job | None:
+        """The job ``reserve`` would take next from ``tube``."""
+        with self._lock:
+            self._check_open()
+            self._advance()
+            return self._machine.peek_ready(tube)
+
+    def peek_delayed(self, tube: str = "default") -> Job | None:
+        """The delayed job of ``tube`` due first."""
+        with self._lock:
+            self._check_open()
+            self._advance()
+            return self._machine.peek_delayed(tube)
+
+    def peek_buried(self, tube: str = "default") -> Job | None:
+        """The buried job of ``tube`` that ``kick`` would move first."""
+        with self._lock:
+            self._check_open()
+            return self._machine.peek_buried(tube)
+
+    def errors(self, tube: str = "default") -> list[Job]:
+        """The buried jobs of ``tube`` with their error texts (``Job.errors``)."""
+        with self._lock:
+            self._check_open()
+            return self._machine.errors(tube)
+
+    def tubes(self) -> list[str]:
+        """The tubes that have jobs (or a pause), in no particular order."""
+        with self._lock:
+            self._check_open()
+            return self._machine.tubes()
+
+    def job_stats(self, job_id: int) -> dict[str, int | str]:
+        """beanstalkd's stats-job for the job (JobNotFoundError if there is none)."""
+        with self._lock:
+            self._check_open()
+            self._advance()
+            return self._machine.job_stats(job_id, self._clock())
+
+    def tube_stats(self, tube: str = "default") -> dict[str, int | str]:
+        """beanstalkd's stats-tube figures the store knows (JobNotFoundError-free: an
+        unknown tube has zeros)."""
+        with self._lock:
+            self._check_open()
+            self._advance()
+            return self._machine.tube_stats(tube, self._clock())
+
+    def stats(self) -> dict[str, int]:
+        """beanstalkd's job figures of ``stats`` (current-jobs-*, total-jobs, ...)."""
+        with self._lock:
+            self._check_open()
+            self._advance()
+            return self._machine.stats(self._clock())
+
+    def overview(self) -> dict[str, TubeOverview]:
+        """Per tube: live jobs by state and the age of the oldest ready job, in one look (for
+        metrics and the command line)."""
+        with self._lock:
+            self._check_open()
+            self._advance()
+            return overview(self._machine, self._clock())
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._check_open()
+            return len(self._machine)
+
+    # ------------------------------------------------------------------ owners' calls
+
+    def _reserve(
+        self, owner: JobOwner, tubes: Iterable[str], timeout: float | None
+    ) -> Job | None:
+        tubes = (tubes,) if isinstance(tubes, str) else tuple(tubes)
+        deadline = time.monotonic() + check_timeout(timeout)
+        machine = self._machine
+        with self._lock:
+            while True:
+                self._check_open()
+                owner._check_open()  # closed by another thread while this one waited
+                now = self._clock()
+                machine.advance(now)
+                job = machine.reserve(owner, tubes, now)
+                if job is not None:
+                    self._arm(job.ready_at)
+                    return job
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._waiters += 1
+                try:
+                    self._ready.wait(None if math.isinf(left) else left)
+                finally:
+                    self._waiters -= 1
+
+    def _reserve_job(self, owner: JobOwner, job_id: int) -> Job:
+        offset = -1
+        with self._lock:
+            self._check_open()
+            now = self._clock()
+            machine = self._machine
+            machine.advance(now)
+            if machine.check_reserve_job(job_id):
+                offset = self._append(encode_ready(job_id))
+                machine.apply_ready(job_id)
+            job = machine.reserve_job(job_id, owner, now)
+            self._arm(job.ready_at)
+        if self._sync and offset >= 0:
+            self._durable(offset)
+        return job
+
+    def _delete(self, job_id: int, owner: JobOwner | None) -> None:
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            machine = self._machine
+            machine.check_delete(job_id, owner)
+            frees = machine.has_dependents(job_id)
+            offset = self._append(encode_delete(job_id))
+            machine.apply_delete(job_id)
+            if frees:  # jobs waiting on it go on: ready, or delayed (maybe due already)
+                self._advance()
+                self._rearm()
+                if self._waiters:
+                    self._ready.notify_all()
+        if self._sync:
+            self._durable(offset)
+
+    def _release(
+        self, owner: JobOwner, job_id: int, priority: int | None, delay: float,
+        error: str | None,
+    ) -> None:
+        with self._lock:
+            self._check_open()
+            now = self._clock()
+            if priority is None:
+                priority = self._owned_priority(job_id, owner)
+            plan = self._machine.check_release(job_id, owner, priority, delay, error, now)
+            offset = self._append(encode_release(*plan))
+            self._machine.apply_release(*plan)
+            if plan.ready_at:
+                self._arm(plan.ready_at)
+            elif self._waiters:
+                self._ready.notify_all()
+        if self._sync:
+            self._durable(offset)
+
+    def _bury(
+        self, owner: JobOwner, job_id: int, priority: int | None, error: str | None
+    ) -> None:
+        with self._lock:
+            self._check_open()
+            if priority is None:
+                priority = self._owned_priority(job_id, owner)
+            plan = self._machine.check_bury(job_id, owner, priority, error)
+            offset = self._append(encode_bury(*plan))
+            self._machine.apply_bury(*plan)
+        if self._sync:
+            self._durable(offset)
+
+    def _owned_priority(self, job_id: int, owner: JobOwner) -> int:
+        """The priority of a job ``owner`` has reserved (a release or bury that keeps it);
+        JobNotFoundError if it has not."""
+        job = self._machine.peek(job_id)
+        if job is None or job_id not in self._machine.reserved_by(owner):
+            raise JobNotFoundError(f"job {job_id} is not reserved by this owner",
+                                   job_id=job_id,
+                                   hint="release, bury and touch apply to your reservations")
+        return job.priority
+
+    def _touch(self, owner: JobOwner, job_id: int) -> None:
+        with self._lock:
+            self._check_open()
+            self._machine.touch(job_id, owner, self._clock())
+
+    def _release_owner(self, owner: JobOwner) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._machine.release_owner(owner)
+            if self._waiters:  # its jobs are ready; a reserve of its own must stop
+                self._ready.notify_all()
+
+    def _reserved_by(self, owner: JobOwner) -> list[int]:
+        with self._lock:
+            self._check_open()
+            return self._machine.reserved_by(owner)
+
+    # ------------------------------------------------------------------ the journal
+
+    def _append(self, record: bytes) -> int:
+        """Journal one record (the lock is held); return its offset."""
+        offset = self._journal.enqueue(record)
+        if offset - self._snapshot_base >= self._snapshot_threshold and not self._snapshot_due:
+            self._snapshot_due = True
+            self._wake_snapshotter.notify()
+        return offset
+
+    def _durable(self, offset: int) -> None:
+        """``"sync"``: return once the flusher has msync'd the record at ``offset`` (with
+        every record appended meanwhile)."""
+        journal = self._journal
+        while journal.wait(offset, 0.2) <= offset:
+            if self._closed:  # close() msyncs what was appended; this record included
+                return
+
+    @property
+    def _snapshot_threshold(self) -> int:
+        return max(self._snapshot_bytes, 2 * self._snapshot_size)
+
+    def snapshot(self) -> int:
+        """Write a snapshot now (in this thread) and trim the journal; return the journal
+        offset it covers. The background snapshotter does the same as the journal grows."""
+        self._check_open()
+        return self._write_snapshot()
+
+    def _write_snapshot(self) -> int:
+        """Snapshot the journal up to its visible end, from a state of the snapshot's own."""
+        with self._lock:
+            covered = self._journal.end
+            base = self._snapshot_base
+        if covered <= base:
+            return base
+        state = load_state(self._path, self._journal, upto=covered)
+        size = 0
+
+        def counted() -> Iterator[bytes]:
+            nonlocal size
+            for chunk in dump_snapshot(state.machine, covered):
+                size += len(chunk)
+                yield chunk
+
+        write_file_atomic(self._path / snapshot_name(covered), counted())
+        kept = [covered]
+        for offset, file in list_snapshots(self._path):
+            if offset >= covered:
+                continue
+            if len(kept) < SNAPSHOTS_KEPT:
+                kept.append(offset)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    file.unlink()
+        with self._lock:
+            if not self._closed:
+                self._journal.delete_before(min(kept))
+            self._snapshot_base, self._snapshot_size = covered, size
+        return covered
+
+    # ------------------------------------------------------------------ time
+
+    def _advance(self) -> None:
+        """Apply the deadlines due now (lock held); wake reservers if jobs became ready."""
+        if self._machine.advance(self._clock()) and self._waiters:
+            self._ready.notify_all()
+
+    def _arm(self, deadline: float) -> None:
+        """Wake the timer if ``deadline`` comes before what it waits for (lock held)."""
+        if self._timer_at is None or deadline < self._timer_at:
+            self._timer_at = deadline
+            self._wake_timer.notify()
+
+    def _rearm(self) -> None:
+        deadline = self._machine.next_deadline()
+        if deadline is not None:
+            self._arm(deadline)
+
+    def _run_timer(self) -> None:
+        with self._lock:
+            while not self._closed:
+                self._advance()
+                deadline = self._machine.next_deadline()
+                self._timer_at = deadline
+                wait = None if deadline is None else max(deadline - self._clock(), 0.0)
+                self._wake_timer.wait(wait)
+
+    def _run_snapshotter(self) -> None:
+        while True:
+            with self._lock:
+                while not (self._snapshot_due or self._closed):
+                    self._wake_snapshotter.wait()
+                if self._closed:
+                    return
+            try:
+                self._write_snapshot()
+                self.snapshot_error = None
+            except Exception as exc:  # kept for the caller to see; the journal holds all
+                self.snapshot_error = exc
+            with self._lock:
+                self._snapshot_due = False
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        """Stop the threads and close the journal (msync'd under ``"sync"`` and
+        ``"async"``). Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._ready.notify_all()
+            self._wake_timer.notify_all()
+            self._wake_snapshotter.notify_all()
+        self._timer.join()
+        self._snapshotter.join()
+        with self._lock:
+            self._journal.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"job store {self._path} is closed", path=self._path,
+                              hint="open it again")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<k7core.jobs.JobStore {str(self._path)!r} {self._fsync.value} {state}>"
+
+
+class JobOwner(Resource):
+    """Reservations that belong to one holder (a worker, a connection); from
+    :meth:`JobStore.owner`. Only it may delete, release, bury or touch the jobs it reserved;
+    :meth:`close` makes every one of them ready at once."""
+
+    def __init__(self, store: JobStore) -> None:
+        self._store = store
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def reserve_job(self, job_id: int) -> Job:
+        """Reserve this job (ready, delayed or buried; beanstalkd's reserve-job);
+        JobNotFoundError otherwise."""
+        self._check_open()
+        return self._store._reserve_job(self, job_id)
+
+    def reserve(
+        self, tubes: Iterable[str] = ("default",), timeout: float | None = None
+    ) -> Job | None:
+        """Reserve the most urgent ready job of ``tubes`` (smallest priority, then oldest),
+        waiting up to ``timeout`` seconds (None: without limit, 0: not at all) for one;
+        None when none came."""
+        self._check_open()
+        return self._store._reserve(self, tubes, timeout)
+
+    def delete(self, job_id: int) -> None:
+        """Delete a job this owner reserved (or one that is not reserved)."""
+        self._check_open()
+        self._store._delete(job_id, self)
+
+    def release(
+        self, job_id: int, *, priority: int | None = None, delay: float = 0.0,
+        error: str | None = None,
+    ) -> None:
+        """Give a reserved job back: ready, or delayed by ``delay`` seconds; ``priority``
+        (default: its own), ``error`` recorded in its history."""
+        self._check_open()
+        self._store._release(self, job_id, priority, delay, error)
+
+    def bury(self, job_id: int, *, priority: int | None = None, error: str | None = None) -> None:
+        """Put a reserved job aside until it is kicked; ``error`` recorded in its history."""
+        self._check_open()
+        self._store._bury(self, job_id, priority, error)
+
+    def touch(self, job_id: int) -> None:
+        """Give a reserved job a full time-to-run again from now."""
+        self._check_open()
+        self._store._touch(self, job_id)
+
+    def reserved(self) -> list[int]:
+        """The ids this owner has reserved."""
+        self._check_open()
+        return self._store._reserved_by(self)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this job owner is closed", hint="take a new store.owner()")
+
+    def close(self) -> None:
+        """Make every job this owner reserved ready at once. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._store._release_owner(self)
+

@@ -274,10 +274,7 @@ class JobStore(Resource):
                 return plan
             offset = self._append(encode_put(*plan))
             self._machine.apply_put(offset + 1, *plan)
-            if plan.ready_at:
-                self._arm(plan.ready_at)
-            elif self._waiters:
-                self._ready.notify_all()
+            self._went_back(plan.ready_at)
         if self._sync:
             self._durable(offset)
         return offset + 1
@@ -476,10 +473,7 @@ class JobStore(Resource):
             plan = self._machine.check_release(job_id, owner, priority, delay, error, now)
             offset = self._append(encode_release(*plan))
             self._machine.apply_release(*plan)
-            if plan.ready_at:
-                self._arm(plan.ready_at)
-            elif self._waiters:
-                self._ready.notify_all()
+            self._went_back(plan.ready_at)
         if self._sync:
             self._durable(offset)
 
@@ -589,6 +583,13 @@ class JobStore(Resource):
     def _advance(self) -> None:
         """Apply the deadlines due now (lock held); wake reservers if jobs became ready."""
         if self._machine.advance(self._clock()) and self._waiters:
+            self._ready.notify_all()
+
+    def _went_back(self, ready_at: float) -> None:
+        """A job became ready (``ready_at`` 0) or delayed until ``ready_at`` (lock held)."""
+        if ready_at:
+            self._arm(ready_at)
+        elif self._waiters:
             self._ready.notify_all()
 
     def _arm(self, deadline: float) -> None:

@@ -31,6 +31,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,6 +97,17 @@ class State:
     snapshot_size: int
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     """Snapshots that could not be read back (an older one was used), and why."""
+
+
+class _Commit:
+    """Records of several threads that one msync makes durable (``"sync"``)."""
+
+    __slots__ = ("done", "error", "last")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.last = -1  # the offset of its last record
+        self.error: BaseException | None = None
 
 
 @dataclass(frozen=True)
@@ -205,6 +217,9 @@ class JobStore(Resource):
         self._wake_timer = threading.Condition(self._lock)
         self._wake_snapshotter = threading.Condition(self._lock)
         self._waiters = 0
+        self._tls = threading.local()  # "sync": the commit of this thread's last record
+        self._open_commit: _Commit | None = None
+        self._last_commit: _Commit | None = None
         self._timer_at: float | None = None
         self._snapshot_due = False
         self.snapshot_error: BaseException | None = None
@@ -223,6 +238,7 @@ class JobStore(Resource):
         self._machine.advance(clock())
         self._snapshot_base = state.covered
         self._snapshot_size = state.snapshot_size
+        self._snapshot_at = self._next_snapshot_at()
         self.skipped_snapshots = state.skipped
         """Snapshots open could not read back (an older one was used), and why."""
         self._closed = False
@@ -276,7 +292,7 @@ class JobStore(Resource):
             self._machine.apply_put(offset + 1, *plan)
             self._went_back(plan.ready_at)
         if self._sync:
-            self._durable(offset)
+            self._durable()
         return offset + 1
 
     def delete(self, job_id: int) -> None:
@@ -297,7 +313,7 @@ class JobStore(Resource):
             if ids and self._waiters:
                 self._ready.notify_all()
         if self._sync and offset >= 0:
-            self._durable(offset)
+            self._durable()
         return len(ids)
 
     def kick_job(self, job_id: int) -> None:
@@ -305,12 +321,12 @@ class JobStore(Resource):
         with self._lock:
             self._check_open()
             self._machine.check_kick_job(job_id)
-            offset = self._append(encode_kick(job_id))
+            self._append(encode_kick(job_id))
             self._machine.apply_kick(job_id)
             if self._waiters:
                 self._ready.notify_all()
         if self._sync:
-            self._durable(offset)
+            self._durable()
 
     def pause_tube(self, tube: str, seconds: float) -> None:
         """Reserve no job of ``tube`` for ``seconds`` (not journaled: a pause ends with the
@@ -319,6 +335,25 @@ class JobStore(Resource):
             self._check_open()
             self._machine.pause_tube(tube, seconds, self._clock())
             self._rearm()
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Under ``"sync"``: the calls this thread makes inside return without waiting for
+        their msync; leaving the block waits once for all of them (one thread doing many
+        calls, such as an owner thread serving many tasks, then pays one msync, not one per
+        call). A call inside is durable only once the block has been left. Elsewhere, and
+        nested, it changes nothing."""
+        tls = self._tls
+        if not self._sync or getattr(tls, "deferred", False):
+            yield
+            return
+        tls.deferred, tls.commit = True, None
+        try:
+            yield
+        finally:
+            tls.deferred = False
+            if tls.commit is not None:
+                self._durable()
 
     def owner(self) -> JobOwner:
         """A handle whose reservations are its own: only it may delete, release, bury or
@@ -441,7 +476,7 @@ class JobStore(Resource):
             job = machine.reserve_job(job_id, owner, now)
             self._arm(job.ready_at)
         if self._sync and offset >= 0:
-            self._durable(offset)
+            self._durable()
         return job
 
     def _delete(self, job_id: int, owner: JobOwner | None) -> None:
@@ -451,7 +486,7 @@ class JobStore(Resource):
             machine = self._machine
             machine.check_delete(job_id, owner)
             frees = machine.has_dependents(job_id)
-            offset = self._append(encode_delete(job_id))
+            self._append(encode_delete(job_id))
             machine.apply_delete(job_id)
             if frees:  # jobs waiting on it go on: ready, or delayed (maybe due already)
                 self._advance()
@@ -459,7 +494,7 @@ class JobStore(Resource):
                 if self._waiters:
                     self._ready.notify_all()
         if self._sync:
-            self._durable(offset)
+            self._durable()
 
     def _release(
         self, owner: JobOwner, job_id: int, priority: int | None, delay: float,
@@ -471,11 +506,11 @@ class JobStore(Resource):
             if priority is None:
                 priority = self._owned_priority(job_id, owner)
             plan = self._machine.check_release(job_id, owner, priority, delay, error, now)
-            offset = self._append(encode_release(*plan))
+            self._append(encode_release(*plan))
             self._machine.apply_release(*plan)
             self._went_back(plan.ready_at)
         if self._sync:
-            self._durable(offset)
+            self._durable()
 
     def _bury(
         self, owner: JobOwner, job_id: int, priority: int | None, error: str | None
@@ -485,10 +520,10 @@ class JobStore(Resource):
             if priority is None:
                 priority = self._owned_priority(job_id, owner)
             plan = self._machine.check_bury(job_id, owner, priority, error)
-            offset = self._append(encode_bury(*plan))
+            self._append(encode_bury(*plan))
             self._machine.apply_bury(*plan)
         if self._sync:
-            self._durable(offset)
+            self._durable()
 
     def _owned_priority(self, job_id: int, owner: JobOwner) -> int:
         """The priority of a job ``owner`` has reserved (a release or bury that keeps it);
@@ -521,24 +556,72 @@ class JobStore(Resource):
     # ------------------------------------------------------------------ the journal
 
     def _append(self, record: bytes) -> int:
-        """Journal one record (the lock is held); return its offset."""
+        """Journal one record (the lock is held); return its offset. Under ``"sync"`` the
+        record joins the open commit, which :meth:`_durable` then waits for."""
         offset = self._journal.enqueue(record)
-        if offset - self._snapshot_base >= self._snapshot_threshold and not self._snapshot_due:
+        if offset >= self._snapshot_at and not self._snapshot_due:
             self._snapshot_due = True
             self._wake_snapshotter.notify()
+        if self._sync:
+            commit = self._open_commit
+            tls = self._tls
+            if commit is None:
+                commit = self._open_commit = _Commit()
+                tls.lead = True
+            elif getattr(tls, "commit", None) is not commit:
+                tls.lead = False  # (a second record of a batch keeps the first's role)
+            commit.last = offset
+            tls.commit = commit
         return offset
 
-    def _durable(self, offset: int) -> None:
-        """``"sync"``: return once the flusher has msync'd the record at ``offset`` (with
-        every record appended meanwhile)."""
-        journal = self._journal
-        while journal.wait(offset, 0.2) <= offset:
-            if self._closed:  # close() msyncs what was appended; this record included
-                return
+    def _durable(self) -> None:
+        """``"sync"``: return once this thread's last record is msync'd.
 
-    @property
-    def _snapshot_threshold(self) -> int:
-        return max(self._snapshot_bytes, 2 * self._snapshot_size)
+        The records appended while the previous commit is on its way form the next one; its
+        first member (the leader) waits for the previous one, closes its own, waits until
+        the flusher has msync'd its last record and wakes exactly its members. So each
+        thread wakes once per call, and every commit costs the flusher one msync.
+        """
+        tls = self._tls
+        if getattr(tls, "deferred", False):
+            return  # batch() waits once, at its end
+        commit: _Commit = tls.commit
+        tls.commit = None
+        if not tls.lead:
+            commit.done.wait()
+        else:
+            with self._lock:
+                previous = self._last_commit
+            if previous is not None:
+                previous.done.wait()
+            with self._lock:
+                if self._open_commit is commit:
+                    self._open_commit = None
+                self._last_commit = commit
+                last = commit.last
+            try:
+                journal = self._journal
+                while journal.wait(last, 0.2) <= last:
+                    with self._lock:  # the flusher is late, or failed: msync here
+                        if self._closed:
+                            break  # close() msyncs what was appended
+                        journal.sync()
+            except BaseException as exc:
+                commit.error = exc
+                raise
+            finally:
+                commit.done.set()
+        if commit.error is not None:
+            raise StorageError(
+                f"job store {self._path}: the msync of the journal failed ({commit.error})",
+                errno_=getattr(commit.error, "errno", 0) or 0, path=self._path,
+                hint="the call may not be durable; check the disk, then reopen the store",
+            ) from commit.error
+
+    def _next_snapshot_at(self) -> int:
+        """The journal offset past which a snapshot is due: the journal grew by
+        ``snapshot_bytes`` since the last one, or by twice its size if that is more."""
+        return self._snapshot_base + max(self._snapshot_bytes, 2 * self._snapshot_size)
 
     def snapshot(self) -> int:
         """Write a snapshot now (in this thread) and trim the journal; return the journal
@@ -576,6 +659,7 @@ class JobStore(Resource):
             if not self._closed:
                 self._journal.delete_before(min(kept))
             self._snapshot_base, self._snapshot_size = covered, size
+            self._snapshot_at = self._next_snapshot_at()
         return covered
 
     # ------------------------------------------------------------------ time

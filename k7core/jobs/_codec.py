@@ -50,7 +50,7 @@ import gc
 import struct
 import sys
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate, pairwise
 
 from .._kernel import crc32c
@@ -143,6 +143,50 @@ def replay(machine: JobMachine, record: bytes | bytearray | memoryview, offset: 
         raise CorruptJobDataError(f"job journal record at offset {offset} cannot be decoded "
                                   f"({exc})", offset=offset,
                                   hint="the journal is damaged or from a newer version") from exc
+
+
+def replay_batch(
+    machine: JobMachine, view: memoryview, starts: Sequence[int], lengths: Sequence[int],
+    offsets: Sequence[int], end: int,
+) -> bool:
+    """Apply the records of one read batch (record ``i`` is ``view[starts[i]:][:lengths[i]]``
+    at journal offset ``offsets[i]``) that lie below ``end``; False once one does not.
+
+    The same as :func:`replay` per record, with the plain PUT (no key, no dependencies) decoded
+    inline: replaying the journal at open is mostly PUTs, and a call less per record counts.
+    """
+    unpack, size = _PUT.unpack_from, _PUT.size
+    tubes: dict[bytes, str] = {}
+    puts: list[tuple[int, str, int, float, float, float, float, bytes]] = []
+    add = puts.append
+    more = True
+    for i in range(len(offsets)):
+        offset = offsets[i]
+        if offset >= end:
+            more = False
+            break
+        start = starts[i]
+        stop = start + lengths[i]
+        if view[start] == OP_PUT and stop - start >= size:
+            (_, priority, delay, ttr, ready_at, created_at, tube_len, key_len,
+             dep_count) = unpack(view, start)
+            if key_len == _NO_KEY and not dep_count:
+                pos = start + size + tube_len
+                raw = bytes(view[start + size:pos])
+                tube = tubes.get(raw)
+                if tube is None and raw.isascii():
+                    tube = tubes[raw] = raw.decode("ascii")
+                if tube is not None and pos <= stop:
+                    add((offset + 1, tube, priority, delay, ttr, ready_at, created_at,
+                         bytes(view[pos:stop])))
+                    continue
+        if puts:  # in order: the puts before this record first
+            machine.apply_puts(puts)
+            puts.clear()
+        replay(machine, view[start:stop], offset)
+    if puts:
+        machine.apply_puts(puts)
+    return more
 
 
 def _replay(machine: JobMachine, record: bytes | bytearray | memoryview, offset: int) -> None:

@@ -538,6 +538,39 @@ class JobMachine:
             if len(heap) > 2 * t.n_ready + 64:
                 self._compact_ready(heap)
 
+    def apply_puts(
+        self, puts: Iterable[tuple[int, str, int, float, float, float, float, bytes]],
+    ) -> None:
+        """:meth:`apply_put` for many puts without key or dependencies, given as (id, tube,
+        priority, delay, ttr, ready_at, created_at, body): the same state, one call (replay
+        at open is mostly such puts)."""
+        jobs = self._jobs
+        tubes = self._tubes
+        push = heapq.heappush
+        n = 0
+        for job_id, tube, priority, delay, ttr, ready_at, created_at, body in puts:
+            t = tubes.get(tube)
+            if t is None or (self._idle and tube in self._idle):
+                t = self._tube(tube)
+            rec = _Record(job_id, t, priority, delay, ttr, ready_at, created_at, None, (),
+                          body)
+            jobs[job_id] = rec
+            t.jobs += 1
+            t.total_jobs += 1
+            n += 1
+            if ready_at > 0.0:
+                self._enter_delayed(rec)
+                continue
+            rec.ready_at = 0.0
+            t.n_ready += 1
+            if priority < URGENT_BELOW:
+                t.n_urgent += 1
+            heap = t.ready
+            push(heap, priority << 128 | job_id << 64)
+            if len(heap) > 2 * t.n_ready + 64:
+                self._compact_ready(heap)
+        self._total_jobs += n
+
     # --- state changes ---------------------------------------------------------------------
 
     def _leave(self, rec: _Record) -> None:

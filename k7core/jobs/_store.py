@@ -25,6 +25,7 @@ of the two snapshots it keeps.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import re
@@ -50,10 +51,8 @@ from ._codec import (
     encode_ready,
     encode_release,
     load_snapshot,
+    replay_batch,
     snapshot_position,
-)
-from ._codec import (
-    replay as replay_record,
 )
 from ._errors import CorruptJobDataError, JobNotFoundError
 from ._machine import Job, JobMachine, JobState
@@ -66,8 +65,8 @@ SNAPSHOTS_KEPT = 2
 journal is kept from the older one's offset)."""
 JOURNAL_SEGMENT = 16 << 20
 SNAPSHOT_MIN_BYTES = 64 << 20
-"""A snapshot is due once the journal has grown by this much since the last one, or by twice
-the size of the last snapshot if that is more: disk use follows the live jobs."""
+"""A snapshot is due once the journal has grown by this much since the last one, or by the
+size of the last snapshot if that is more: disk use and open time follow the live jobs."""
 READ_BATCH = 65536
 
 
@@ -162,7 +161,13 @@ def load_state(path: Path, journal: Queue, upto: int | None = None) -> State:
             earliest=earliest, path=path, offset=covered,
             hint="restore the store's directory from a backup",
         )
-    replay_journal(machine, journal, covered, journal.end if upto is None else upto)
+    collecting = gc.isenabled()
+    gc.disable()  # millions of new long-lived objects: collections would only slow this
+    try:
+        replay_journal(machine, journal, covered, journal.end if upto is None else upto)
+    finally:
+        if collecting:
+            gc.enable()
     machine.reset_counters()
     return State(machine, covered, size, skipped)
 
@@ -178,13 +183,9 @@ def replay_journal(machine: JobMachine, journal: Queue, start: int, end: int) ->
                 path=journal.path, offset=offset,
                 hint="restore the store's directory from a backup",
             )
-        view, starts, lengths, offsets = batch.view, batch.starts, batch.lengths, batch.offsets
-        for i in range(len(batch)):
-            at = offsets[i]
-            if at >= end:
-                return
-            s = starts[i]
-            replay_record(machine, view[s:s + lengths[i]], at)
+        if not replay_batch(machine, batch.view, batch.starts, batch.lengths, batch.offsets,
+                            end):
+            return
         offset = batch.next
 
 
@@ -620,8 +621,11 @@ class JobStore(Resource):
 
     def _next_snapshot_at(self) -> int:
         """The journal offset past which a snapshot is due: the journal grew by
-        ``snapshot_bytes`` since the last one, or by twice its size if that is more."""
-        return self._snapshot_base + max(self._snapshot_bytes, 2 * self._snapshot_size)
+        ``snapshot_bytes`` since the last one, or by its size if that is more. So the
+        journal to replay at open stays about as large as the live jobs' snapshot (open
+        time follows the live jobs), and writing snapshots costs a bounded share of the
+        work (one snapshot per live set's worth of journal)."""
+        return self._snapshot_base + max(self._snapshot_bytes, self._snapshot_size)
 
     def snapshot(self) -> int:
         """Write a snapshot now (in this thread) and trim the journal; return the journal

@@ -57,6 +57,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+import anyio
+
 from ._harness import Case, Run, Samples, Skipped, rate
 from ._scenarios import child_process
 
@@ -72,6 +74,7 @@ NOT_BUILT = "k7core.jobs.JobStore not built yet"
 # Record names that benchmarks/targets.py reads.
 K7_INPROC = "jobs k7 JobStore [flush]"
 K7_PRODUCERS = f"jobs k7 JobStore [sync], {PRODUCERS} producers"
+K7_TASKS = f"jobs k7 JobStore [sync], {PRODUCERS} asyncio tasks (k7async)"
 K7_RAM = "jobs k7 RAM per live job"
 BEANSTALKD_RAM = "jobs peer beanstalkd -b RAM per live job"
 RAM_BEYOND_BODY = "beyond the body"
@@ -629,26 +632,76 @@ def _k7_cycle_case(jobs: Any, n: int) -> Case:
                  "maps": "put / owner().reserve(timeout=0) / delete(job.id)"})
 
 
-def _k7_producers_case(jobs: Any, n: int) -> Case:
-    per = max(n // PRODUCERS, 1)
+def _in_fresh_dirs(root: Path, measure: Callable[[Path], Samples]) -> Run:
+    """A run that measures on a new store directory under ``root`` each time (removed
+    after)."""
     counter = itertools.count()
+
+    def run() -> Samples:
+        path = root / f"run{next(counter)}"
+        try:
+            return measure(path)
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    return run
+
+
+def _durable_puts_case(
+    name: str, measure: Callable[[Path], Samples], per: int, producers: str
+) -> Case:
+    """A case of ``PRODUCERS`` producers putting ``per`` jobs each with ``"sync"``, each run
+    on a new store directory."""
 
     @contextmanager
     def setup(root: Path) -> Iterator[Run]:
-        def run() -> Samples:
-            path = root / f"run{next(counter)}"
-            try:
-                with jobs.JobStore(path, fsync="sync") as store:
-                    put = partial(store.put, tube=TUBE)
-                    return {K7_PRODUCERS: ("jobs/s", producers_rate([put] * PRODUCERS, per))}
-            finally:
-                shutil.rmtree(path, ignore_errors=True)
+        yield _in_fresh_dirs(root, measure)
 
-        yield run
-
-    return Case(K7_PRODUCERS, "k7", setup,
+    return Case(name, "k7", setup,
                 {"body": len(BODY), "jobs": per * PRODUCERS, "durability": FSYNC_PER_PUT,
-                 "fsync": "sync", "producers": "100 threads, one shared store"})
+                 "fsync": "sync", "producers": producers})
+
+
+def _k7_producers_case(jobs: Any, n: int) -> Case:
+    per = max(n // PRODUCERS, 1)
+
+    def measure(path: Path) -> Samples:
+        with jobs.JobStore(path, fsync="sync") as store:
+            put = partial(store.put, tube=TUBE)
+            return {K7_PRODUCERS: ("jobs/s", producers_rate([put] * PRODUCERS, per))}
+
+    return _durable_puts_case(K7_PRODUCERS, measure, per, "100 threads, one shared store")
+
+
+async def _tasks_put(store: Any, per: int) -> float:
+    """Seconds for ``PRODUCERS`` tasks to await ``per`` puts each on a k7async job store."""
+
+    async def producer() -> None:
+        for _ in range(per):
+            await store.put(BODY, tube=TUBE)
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(PRODUCERS):
+            tg.start_soon(producer)
+    return time.perf_counter() - t0
+
+
+def _k7_tasks_case(n: int) -> Case:
+    """The same durable puts from 100 asyncio tasks through ``k7async.open_jobs``: one owner
+    thread runs the pending puts of all tasks as one batch, one msync wait per batch."""
+    per = max(n // PRODUCERS, 1)
+
+    async def once(path: Path) -> float:
+        import k7async
+
+        async with k7async.open_jobs(path, fsync="sync") as store:
+            return await _tasks_put(store, per)
+
+    def measure(path: Path) -> Samples:
+        return {K7_TASKS: ("jobs/s", per * PRODUCERS / anyio.run(once, path))}
+
+    return _durable_puts_case(K7_TASKS, measure, per, "100 asyncio tasks, one k7async job store")
 
 
 def _k7_reopen_case(jobs: Any, live: int) -> Case:
@@ -742,11 +795,12 @@ def cases(s: Sizes, with_peers: bool) -> tuple[list[Case], list[Skipped]]:
     skipped: list[Skipped] = []
     jobs, why = jobs_module()
     if jobs is None:
-        for name in (K7_INPROC, K7_PRODUCERS, k7_reopen_name(s.reopen), K7_RAM):
+        for name in (K7_INPROC, K7_PRODUCERS, K7_TASKS, k7_reopen_name(s.reopen), K7_RAM):
             skipped.append(Skipped(name, why))
     else:
         out += [_k7_cycle_case(jobs, s.k7_jobs), _k7_producers_case(jobs, s.k7_producers),
-                _k7_reopen_case(jobs, s.reopen), _k7_ram_case(s.ram)]
+                _k7_tasks_case(s.k7_producers), _k7_reopen_case(jobs, s.reopen),
+                _k7_ram_case(s.ram)]
     if not with_peers:
         return out, skipped
     for p in peers():

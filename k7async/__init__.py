@@ -21,6 +21,9 @@ from ._consumer import consumer_group_channel as consumer_group_channel
 from ._errors import AutoAckError as AutoAckError
 from ._errors import SinkBusyError as SinkBusyError
 from ._errors import StreamClosedError as StreamClosedError
+from ._jobs import AsyncJobOwner as AsyncJobOwner
+from ._jobs import AsyncJobStore as AsyncJobStore
+from ._jobs import open_jobs as open_jobs
 from ._producer import producer_channel as producer_channel
 from ._producer import sink as sink
 from ._queue import AsyncQueue as AsyncQueue
@@ -30,6 +33,8 @@ from ._types import Payload as Payload
 from ._writer import QueueWriter as QueueWriter
 
 __all__ = [
+    "AsyncJobOwner",
+    "AsyncJobStore",
     "AsyncQueue",
     "AutoAckError",
     "MessageStream",
@@ -38,6 +43,7 @@ __all__ = [
     "SinkBusyError",
     "StreamClosedError",
     "consumer_group_channel",
+    "open_jobs",
     "open_queue",
     "producer_channel",
     "queue_writer",

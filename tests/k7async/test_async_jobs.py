@@ -1,0 +1,78 @@
+"""k7async's face of the job store (``open_jobs``): awaited writes through one owner thread,
+batched (one msync wait per batch under ``"sync"``), and reserves that wait in a thread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+import k7async
+from k7core import jobs
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def test_many_tasks_put_durably_and_every_put_is_there(tmp_path: Path) -> None:
+    tasks, per_task = 50, 20
+    ids: list[int] = []
+    async with k7async.open_jobs(tmp_path / "s", fsync="sync") as store:
+
+        async def producer(n: int) -> None:
+            for i in range(per_task):
+                ids.append(await store.put(f"{n}:{i}".encode(), tube=f"t{n % 3}"))
+
+        async with anyio.create_task_group() as tg:
+            for n in range(tasks):
+                tg.start_soon(producer, n)
+        assert len(set(ids)) == tasks * per_task
+        assert len(store.store) == tasks * per_task
+    with jobs.JobStore(tmp_path / "s") as reopened:
+        bodies = {reopened.peek(i).body for i in ids}  # type: ignore[union-attr]
+        assert bodies == {f"{n}:{i}".encode() for n in range(tasks) for i in range(per_task)}
+
+
+async def test_owner_calls_and_a_waiting_reserve(tmp_path: Path) -> None:
+    async with k7async.open_jobs(tmp_path / "s", fsync="flush") as store, store.owner() as me:
+        got: list[jobs.Job | None] = []
+
+        async def reserver() -> None:
+            got.append(await me.reserve(("work",), timeout=30))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reserver)
+            await anyio.wait_all_tasks_blocked()
+            jid = await store.put(b"job", tube="work")
+        job = got[0]
+        assert job is not None and job.id == jid and job.state is jobs.JobState.RESERVED
+        await me.release(jid, error="first try failed")
+        again = await me.reserve(("work",), timeout=0)
+        assert again is not None and again.id == jid
+        await me.bury(jid, error="second try failed")
+        assert store.store.errors("work")[0].errors == ("first try failed",
+                                                        "second try failed")
+        assert await store.kick("work", 10) == 1
+        third = await me.reserve(("work",), timeout=0)
+        assert third is not None
+        await me.touch(jid)
+        await me.delete(jid)
+        assert store.store.peek(jid) is None
+        with pytest.raises(jobs.JobNotFoundError):
+            await me.delete(jid)
+
+
+async def test_a_cancelled_reserve_leaves_no_job_reserved(tmp_path: Path) -> None:
+    async with k7async.open_jobs(tmp_path / "s") as store, store.owner() as me:
+        with anyio.move_on_after(0.05):
+            await me.reserve(("work",), timeout=30)  # waits in a thread, then cancelled
+        jid = await store.put(b"job", tube="work")
+        async with store.owner() as other:
+            job = await other.reserve(("work",), timeout=5)
+            # the abandoned thread may reserve it first; it then releases it at once
+            assert job is not None and job.id == jid

@@ -1,5 +1,6 @@
 """The ``k7`` command line (``pip install 'k7py[cli]'``): inspect, verify, tail, produce,
-manage groups, repair and benchmark a queue directory.
+manage groups, repair and benchmark a queue directory; ``k7 jobs`` for a job store's
+(``k7core.jobs._cli``).
 
 Exit status: 0 success; 1 ``verify`` found corruption; 2 bad usage or argument; 3 the
 operation failed (missing directory, not a queue, locked by a writer, group busy, ...).
@@ -65,6 +66,7 @@ from ._storage import (
     open_fd,
     try_lock,
 )
+from .jobs._cli import jobs as jobs_group
 
 EXIT_CORRUPT = 1
 EXIT_ERROR = 3
@@ -179,7 +181,10 @@ def _writer(d: Path, **kw: Any) -> Queue:
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="k7py", prog_name="k7")
 def cli() -> None:
-    """Operate k7 queue directories."""
+    """Operate k7 queue directories (and job stores: k7 jobs)."""
+
+
+cli.add_command(jobs_group)  # under cli: its K7Error translation covers the jobs commands
 
 
 # ---------------------------------------------------------------------------------- info

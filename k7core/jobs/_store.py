@@ -221,6 +221,8 @@ class JobStore(Resource):
         self._tls = threading.local()  # "sync": the commit of this thread's last record
         self._open_commit: _Commit | None = None
         self._last_commit: _Commit | None = None
+        # operations since open, for counters(): one int increment under the lock each
+        self._reserves = self._deletes = self._releases = self._buries = self._kicks = 0
         self._timer_at: float | None = None
         self._snapshot_due = False
         self.snapshot_error: BaseException | None = None
@@ -311,6 +313,7 @@ class JobStore(Resource):
             for job_id in ids:
                 offset = self._append(encode_kick(job_id))
                 self._machine.apply_kick(job_id)
+            self._kicks += len(ids)
             if ids and self._waiters:
                 self._ready.notify_all()
         if self._sync and offset >= 0:
@@ -324,6 +327,7 @@ class JobStore(Resource):
             self._machine.check_kick_job(job_id)
             self._append(encode_kick(job_id))
             self._machine.apply_kick(job_id)
+            self._kicks += 1
             if self._waiters:
                 self._ready.notify_all()
         if self._sync:
@@ -432,6 +436,21 @@ class JobStore(Resource):
             self._advance()
             return overview(self._machine, self._clock())
 
+    def counters(self) -> dict[str, int]:
+        """Operations since open, for metrics: ``puts`` (jobs stored: a put that found a
+        live job with its key stores none), ``reserves`` (``reserve`` and ``reserve_job``),
+        ``deletes``, ``releases``, ``buries``, ``kicks`` (jobs kicked, by ``kick`` and
+        ``kick_job``) and ``timeouts`` (reservations whose time-to-run ran out)."""
+        with self._lock:
+            self._check_open()
+            self._advance()
+            st = self._machine.stats(self._clock())
+            return {
+                "puts": st["total-jobs"], "reserves": self._reserves, "deletes": self._deletes,
+                "releases": self._releases, "buries": self._buries, "kicks": self._kicks,
+                "timeouts": st["job-timeouts"],
+            }
+
     def __len__(self) -> int:
         with self._lock:
             self._check_open()
@@ -453,6 +472,7 @@ class JobStore(Resource):
                 machine.advance(now)
                 job = machine.reserve(owner, tubes, now)
                 if job is not None:
+                    self._reserves += 1
                     self._arm(job.ready_at)
                     return job
                 left = deadline - time.monotonic()
@@ -475,6 +495,7 @@ class JobStore(Resource):
                 offset = self._append(encode_ready(job_id))
                 machine.apply_ready(job_id)
             job = machine.reserve_job(job_id, owner, now)
+            self._reserves += 1
             self._arm(job.ready_at)
         if self._sync and offset >= 0:
             self._durable()
@@ -489,6 +510,7 @@ class JobStore(Resource):
             frees = machine.has_dependents(job_id)
             self._append(encode_delete(job_id))
             machine.apply_delete(job_id)
+            self._deletes += 1
             if frees:  # jobs waiting on it go on: ready, or delayed (maybe due already)
                 self._advance()
                 self._rearm()
@@ -509,6 +531,7 @@ class JobStore(Resource):
             plan = self._machine.check_release(job_id, owner, priority, delay, error, now)
             self._append(encode_release(*plan))
             self._machine.apply_release(*plan)
+            self._releases += 1
             self._went_back(plan.ready_at)
         if self._sync:
             self._durable()
@@ -523,6 +546,7 @@ class JobStore(Resource):
             plan = self._machine.check_bury(job_id, owner, priority, error)
             self._append(encode_bury(*plan))
             self._machine.apply_bury(*plan)
+            self._buries += 1
         if self._sync:
             self._durable()
 

@@ -30,6 +30,7 @@ def _import_without(missing: str, module: str) -> subprocess.CompletedProcess[st
     ("pyarrow", "k7core.spark", "spark"),
     ("pyspark", "k7core.spark", "spark"),
     ("prometheus_client", "k7core.metrics", "metrics"),
+    ("prometheus_client", "k7core.jobs.metrics", "metrics"),
 ])
 def test_a_missing_extra_names_the_pip_install(missing: str, module: str, extra: str) -> None:
     r = _import_without(missing, module)

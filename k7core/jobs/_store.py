@@ -201,6 +201,9 @@ class JobStore(Resource):
         self._snapshot_bytes = check_int(snapshot_bytes, "snapshot_bytes", 1)
         self._clock = clock
         self._lock = threading.Lock()
+        # One snapshot at a time: snapshot() and the snapshotter would otherwise write the
+        # same temporary file and delete each other's snapshots and journal.
+        self._snapshot_lock = threading.Lock()
         self._ready = threading.Condition(self._lock)  # reservers wait here
         self._wake_timer = threading.Condition(self._lock)
         self._wake_snapshotter = threading.Condition(self._lock)
@@ -548,6 +551,10 @@ class JobStore(Resource):
 
     def _write_snapshot(self) -> int:
         """Snapshot the journal up to its visible end, from a state of the snapshot's own."""
+        with self._snapshot_lock:
+            return self._write_snapshot_locked()
+
+    def _write_snapshot_locked(self) -> int:
         with self._lock:
             covered = self._journal.end
             base = self._snapshot_base

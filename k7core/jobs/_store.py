@@ -35,7 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._checks import check_int, check_timeout
-from .._errors import ClosedError, DataLossError, IntegrityError, StorageError
+from .._errors import (
+    ClosedError,
+    DataLossError,
+    IntegrityError,
+    MessageTooLargeError,
+    StorageError,
+)
 from .._format import Fsync, parse_fsync
 from .._queue import Queue
 from .._resource import Resource
@@ -54,7 +60,7 @@ from ._codec import (
 from ._codec import (
     replay as replay_record,
 )
-from ._errors import CorruptJobDataError, JobNotFoundError
+from ._errors import CorruptJobDataError, InvalidJobError, JobNotFoundError
 from ._machine import Job, JobMachine, JobState
 
 JOURNAL = "journal"
@@ -275,7 +281,13 @@ class JobStore(Resource):
                                            self._clock())
             if isinstance(plan, int):
                 return plan
-            offset = self._append(encode_put(*plan))
+            try:
+                offset = self._append(encode_put(*plan))
+            except MessageTooLargeError as exc:
+                raise InvalidJobError(
+                    f"a job body of {len(plan.body)} bytes does not fit in the journal's "
+                    f"segments of {JOURNAL_SEGMENT} bytes", hint="store a large payload "
+                    "elsewhere and put a reference to it") from exc
             self._machine.apply_put(offset + 1, *plan)
             self._went_back(plan.ready_at)
         if self._sync:

@@ -66,6 +66,7 @@ from ._machine import Job, JobMachine, JobState
 JOURNAL = "journal"
 """The journal's directory inside the store's directory."""
 _SNAPSHOT = re.compile(r"snapshot-(\d{20})\.k7jobs")
+_SNAPSHOT_TMP = re.compile(r"snapshot-\d{20}\.k7jobs\.tmp")  # write_file_atomic's
 SNAPSHOTS_KEPT = 2
 """Snapshots kept: the newest, and the one before it in case the newest cannot be read (the
 journal is kept from the older one's offset)."""
@@ -74,6 +75,16 @@ SNAPSHOT_MIN_BYTES = 64 << 20
 """A snapshot is due once the journal has grown by this much since the last one, or by twice
 the size of the last snapshot if that is more: disk use follows the live jobs."""
 READ_BATCH = 65536
+
+
+def remove_dead_temporaries(path: Path) -> None:
+    """Delete the temporary files of snapshots that a crash cut short (call it holding the
+    journal's writer lock: no snapshot of the store is being written)."""
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if _SNAPSHOT_TMP.fullmatch(entry.name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
 
 
 def snapshot_name(offset: int) -> str:
@@ -224,6 +235,7 @@ class JobStore(Resource):
             commit_interval=commit_interval, segment_size=JOURNAL_SEGMENT,
         )
         try:
+            remove_dead_temporaries(self._path)
             state = load_state(self._path, self._journal)
         except BaseException:
             self._journal.close()

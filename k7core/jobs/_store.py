@@ -37,7 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._checks import check_int, check_timeout
-from .._errors import ClosedError, DataLossError, IntegrityError, StorageError
+from .._errors import (
+    ClosedError,
+    DataLossError,
+    IntegrityError,
+    MessageTooLargeError,
+    StorageError,
+)
 from .._format import Fsync, parse_fsync
 from .._queue import Queue
 from .._resource import Resource
@@ -54,12 +60,13 @@ from ._codec import (
     replay_batch,
     snapshot_position,
 )
-from ._errors import CorruptJobDataError, JobNotFoundError
+from ._errors import CorruptJobDataError, InvalidJobError, JobNotFoundError
 from ._machine import Job, JobMachine, JobState
 
 JOURNAL = "journal"
 """The journal's directory inside the store's directory."""
 _SNAPSHOT = re.compile(r"snapshot-(\d{20})\.k7jobs")
+_SNAPSHOT_TMP = re.compile(r"snapshot-\d{20}\.k7jobs\.tmp")  # write_file_atomic's
 SNAPSHOTS_KEPT = 2
 """Snapshots kept: the newest, and the one before it in case the newest cannot be read (the
 journal is kept from the older one's offset)."""
@@ -68,6 +75,16 @@ SNAPSHOT_MIN_BYTES = 64 << 20
 """A snapshot is due once the journal has grown by this much since the last one, or by the
 size of the last snapshot if that is more: disk use and open time follow the live jobs."""
 READ_BATCH = 65536
+
+
+def remove_dead_temporaries(path: Path) -> None:
+    """Delete the temporary files of snapshots that a crash cut short (call it holding the
+    journal's writer lock: no snapshot of the store is being written)."""
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if _SNAPSHOT_TMP.fullmatch(entry.name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
 
 
 def snapshot_name(offset: int) -> str:
@@ -214,6 +231,9 @@ class JobStore(Resource):
         self._snapshot_bytes = check_int(snapshot_bytes, "snapshot_bytes", 1)
         self._clock = clock
         self._lock = threading.Lock()
+        # One snapshot at a time: snapshot() and the snapshotter would otherwise write the
+        # same temporary file and delete each other's snapshots and journal.
+        self._snapshot_lock = threading.Lock()
         self._ready = threading.Condition(self._lock)  # reservers wait here
         self._wake_timer = threading.Condition(self._lock)
         self._wake_snapshotter = threading.Condition(self._lock)
@@ -233,6 +253,7 @@ class JobStore(Resource):
             commit_interval=commit_interval, segment_size=JOURNAL_SEGMENT,
         )
         try:
+            remove_dead_temporaries(self._path)
             state = load_state(self._path, self._journal)
         except BaseException:
             self._journal.close()
@@ -291,7 +312,13 @@ class JobStore(Resource):
                                            self._clock())
             if isinstance(plan, int):
                 return plan
-            offset = self._append(encode_put(*plan))
+            try:
+                offset = self._append(encode_put(*plan))
+            except MessageTooLargeError as exc:
+                raise InvalidJobError(
+                    f"a job body of {len(plan.body)} bytes does not fit in the journal's "
+                    f"segments of {JOURNAL_SEGMENT} bytes", hint="store a large payload "
+                    "elsewhere and put a reference to it") from exc
             self._machine.apply_put(offset + 1, *plan)
             self._went_back(plan.ready_at)
         if self._sync:
@@ -659,6 +686,10 @@ class JobStore(Resource):
 
     def _write_snapshot(self) -> int:
         """Snapshot the journal up to its visible end, from a state of the snapshot's own."""
+        with self._snapshot_lock:
+            return self._write_snapshot_locked()
+
+    def _write_snapshot_locked(self) -> int:
         with self._lock:
             covered = self._journal.end
             base = self._snapshot_base

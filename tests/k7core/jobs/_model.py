@@ -19,7 +19,8 @@ The rules (beanstalkd 1.12's, plus unique keys, dependencies and error texts):
 - A tube exists while it has jobs or a pause; its counters (total-jobs, cmd-delete,
   cmd-pause-tube) start at 0 when it starts existing.
 - ``restart()`` is what reopening from a snapshot gives: reservations end (ready, no
-  counter), pauses end, the counters since start are 0.
+  counter), pauses end, the counters since start are 0 (and, for a JobStore, each job's
+  reserves and timeouts).
 """
 
 from __future__ import annotations
@@ -287,11 +288,16 @@ class Model:
         times += [until for _, until in self.paused.values()]
         return min(times, default=None)
 
-    def restart(self) -> None:
-        """What reopening gives (from a snapshot, or a journal, with reset counters)."""
+    def restart(self, *, keep_reservation_counters: bool = True) -> None:
+        """What reopening gives (from a snapshot, or a journal, with reset counters).
+        ``keep_reservation_counters=False``: each job's ``reserves`` and ``timeouts`` are 0
+        too, as a JobStore reopens (reservations are not journaled, and its snapshots are
+        written from a state replayed from the journal)."""
         for j in self.jobs.values():
             if j.state is RESERVED:
                 self.make_ready(j)
+            if not keep_reservation_counters:
+                j.reserves = j.timeouts = 0
         self.paused.clear()
         self.counters.clear()
         self.timeouts = self.total_jobs = 0

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._checks import check_int, check_timeout
+from .._checks import check_int
 from .._errors import (
     ClosedError,
     DataLossError,
@@ -61,7 +61,7 @@ from ._codec import (
     snapshot_position,
 )
 from ._errors import CorruptJobDataError, InvalidJobError, JobNotFoundError
-from ._machine import Job, JobMachine, JobState
+from ._machine import Job, JobMachine, JobState, check_seconds
 
 JOURNAL = "journal"
 """The journal's directory inside the store's directory."""
@@ -375,6 +375,7 @@ class JobStore(Resource):
         calls, such as an owner thread serving many tasks, then pays one msync, not one per
         call). A call inside is durable only once the block has been left. Elsewhere, and
         nested, it changes nothing."""
+        self._check_open()
         tls = self._tls
         if not self._sync or getattr(tls, "deferred", False):
             yield
@@ -489,7 +490,8 @@ class JobStore(Resource):
         self, owner: JobOwner, tubes: Iterable[str], timeout: float | None
     ) -> Job | None:
         tubes = (tubes,) if isinstance(tubes, str) else tuple(tubes)
-        deadline = time.monotonic() + check_timeout(timeout)
+        deadline = time.monotonic() + (math.inf if timeout is None
+                                       else check_seconds(timeout, "timeout"))
         machine = self._machine
         with self._lock:
             while True:
@@ -706,10 +708,11 @@ class JobStore(Resource):
 
         write_file_atomic(self._path / snapshot_name(covered), counted())
         kept = [covered]
+        unreadable = {file for file, _ in self.skipped_snapshots}
         for offset, file in list_snapshots(self._path):
             if offset >= covered:
                 continue
-            if len(kept) < SNAPSHOTS_KEPT:
+            if len(kept) < SNAPSHOTS_KEPT and file not in unreadable:  # a backup that reads
                 kept.append(offset)
             else:
                 with contextlib.suppress(FileNotFoundError):
@@ -808,7 +811,8 @@ class JobOwner(Resource):
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """True once this owner or its store is closed."""
+        return self._closed or self._store.closed
 
     def reserve_job(self, job_id: int) -> Job:
         """Reserve this job (ready, delayed or buried; beanstalkd's reserve-job);

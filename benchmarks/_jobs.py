@@ -33,8 +33,7 @@ Peers (``pip install '.[bench]'``; each one missing is skipped with a note):
   :class:`BeanstalkClient` (a plain socket, written here): default fsync (``-f 50``) and
   ``-f 0``. Skipped when the ``beanstalkd`` binary is not on the PATH.
 
-The k7 side is written against ``k7core.jobs`` as DESIGN.md section 7 names it; while that
-module has no ``JobStore`` its cases are skipped with a note.
+The k7 side is ``k7core.jobs`` (and ``k7async.open_jobs`` for the async producers).
 """
 
 from __future__ import annotations
@@ -59,6 +58,8 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
+from k7core import jobs
+
 from ._harness import Case, Run, Samples, Skipped, rate
 from ._scenarios import child_process
 
@@ -69,7 +70,6 @@ PRODUCERS = 100
 OS_BUFFERED = "os buffered"  # survives a crash of the process, not a power loss
 FSYNC_PER_PUT = "fsync per put"  # on disk when put returns
 
-NOT_BUILT = "k7core.jobs.JobStore not built yet"
 
 # Record names that benchmarks/targets.py reads.
 K7_INPROC = "jobs k7 JobStore [flush]"
@@ -587,22 +587,7 @@ def _beanstalkd_ram_case(n: int) -> Case:
 # ------------------------------------------------------------------------ k7 cases
 
 
-def jobs_module() -> tuple[Any, str]:
-    """``(k7core.jobs, "")``, or ``(None, why)`` while the store is not built."""
-    try:
-        jobs = importlib.import_module("k7core.jobs")
-    except ModuleNotFoundError as e:
-        if e.name in ("k7core.jobs", "k7core"):
-            return None, NOT_BUILT
-        return None, f"k7core.jobs does not import: {e!r}"
-    except ImportError as e:
-        return None, f"k7core.jobs does not import: {e!r}"
-    if not hasattr(jobs, "JobStore"):
-        return None, NOT_BUILT
-    return jobs, ""
-
-
-def _k7_cycle_case(jobs: Any, n: int) -> Case:
+def _k7_cycle_case(n: int) -> Case:
     counter = itertools.count()
 
     @contextmanager
@@ -662,7 +647,7 @@ def _durable_puts_case(
                  "fsync": "sync", "producers": producers})
 
 
-def _k7_producers_case(jobs: Any, n: int) -> Case:
+def _k7_producers_case(n: int) -> Case:
     per = max(n // PRODUCERS, 1)
 
     def measure(path: Path) -> Samples:
@@ -704,7 +689,7 @@ def _k7_tasks_case(n: int) -> Case:
     return _durable_puts_case(K7_TASKS, measure, per, "100 asyncio tasks, one k7async job store")
 
 
-def _k7_reopen_case(jobs: Any, live: int) -> Case:
+def _k7_reopen_case(live: int) -> Case:
     name = k7_reopen_name(live)
 
     @contextmanager
@@ -793,14 +778,8 @@ def _k7_ram_case(n: int) -> Case:
 def cases(s: Sizes, with_peers: bool) -> tuple[list[Case], list[Skipped]]:
     out: list[Case] = []
     skipped: list[Skipped] = []
-    jobs, why = jobs_module()
-    if jobs is None:
-        for name in (K7_INPROC, K7_PRODUCERS, K7_TASKS, k7_reopen_name(s.reopen), K7_RAM):
-            skipped.append(Skipped(name, why))
-    else:
-        out += [_k7_cycle_case(jobs, s.k7_jobs), _k7_producers_case(jobs, s.k7_producers),
-                _k7_tasks_case(s.k7_producers), _k7_reopen_case(jobs, s.reopen),
-                _k7_ram_case(s.ram)]
+    out += [_k7_cycle_case(s.k7_jobs), _k7_producers_case(s.k7_producers),
+            _k7_tasks_case(s.k7_producers), _k7_reopen_case(s.reopen), _k7_ram_case(s.ram)]
     if not with_peers:
         return out, skipped
     for p in peers():

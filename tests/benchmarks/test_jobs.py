@@ -99,13 +99,9 @@ def test_producers_rate_counts_every_put() -> None:
     assert len(seen) == 70 and set(seen) == {_jobs.BODY}
 
 
-def test_k7_cases_skipped_until_the_store_exists() -> None:
+def test_the_k7_cases_are_there() -> None:
     cases, skipped = _jobs.cases(_jobs.QUICK, with_peers=False)
-    jobs, why = _jobs.jobs_module()
-    if jobs is not None:
-        assert len(cases) == 4 and not skipped
-        assert all(c.name.startswith("jobs k7 ") for c in cases)
-    else:
-        assert not cases
-        assert [s.reason for s in skipped] == [why] * 4
-        assert all(s.name.startswith("jobs k7 ") for s in skipped)
+    assert not skipped
+    assert sorted(c.name for c in cases) == sorted([
+        _jobs.K7_INPROC, _jobs.K7_PRODUCERS, _jobs.K7_TASKS,
+        _jobs.k7_reopen_name(_jobs.QUICK.reopen), _jobs.K7_RAM])

@@ -12,10 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks._jobs import NOT_BUILT, jobs_module
 from tests._queuehelp import ROOT
-
-JOB_STORE_BUILT = jobs_module()[1] != NOT_BUILT  # k7core.jobs.JobStore exists (issue 14)
 
 KEYS = {"name", "unit", "value", "min", "max", "params"}
 UNITS = {"msg/s", "us", "MB/s", "MB", "GB", "cpu/wall", "msg/msync", "threads", "jobs/s",
@@ -66,9 +63,9 @@ def test_quick_every_case_runs(tmp_path: Path) -> None:
                       "two processes (readonly), paced", "peak RSS", "k7async producer_channel",
                       "k7async consumer channel", "k7async awaited enqueue [sync]",
                       "baseline: one bulk copy"]
-    if JOB_STORE_BUILT:
-        expected_cases += ["jobs k7 JobStore [flush]", "jobs k7 JobStore [sync], 100 producers",
-                           "jobs k7 reopen 100,000 live jobs", "jobs k7 RAM per live job"]
+    expected_cases += ["jobs k7 JobStore [flush]", "jobs k7 JobStore [sync], 100 producers",
+                       "jobs k7 JobStore [sync], 100 asyncio tasks",
+                       "jobs k7 reopen 100,000 live jobs", "jobs k7 RAM per live job"]
     for expected in expected_cases:
         assert any(expected in c for c in cases), expected
     out = tmp_path / "bench.json"
@@ -93,7 +90,5 @@ def test_quick_every_case_runs(tmp_path: Path) -> None:
     assert len(rows) == len(TARGETS)
     missing = [r for r in rows if "not in this run" in r]
     full_only = ["peer", "(trio)", "over 4 GB", "1M live jobs"]
-    if not JOB_STORE_BUILT:
-        full_only.append("jobs:")
     assert missing and all(any(f in r for f in full_only) for r in missing), missing
     assert ratios_text.startswith("| job store vs peer |"), ratios_text

@@ -727,9 +727,6 @@ MILLION = 1_000_000
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("K7_SLOW") != "1",
-                    reason="about 20 s here (puts and close 12 s, with the background "
-                           "snapshot of ~900,000 jobs): set K7_SLOW=1")
 def test_reopen_a_million_jobs(tmp_path: Path) -> None:
     """Put a million jobs (the snapshotter writes one snapshot meanwhile, at 64 MiB of
     journal), close, reopen: from that snapshot and the journal after it; then reopen again

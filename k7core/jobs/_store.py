@@ -252,6 +252,7 @@ class JobStore(Resource):
             self._path / JOURNAL, fsync=Fsync.ASYNC if self._sync else self._fsync,
             commit_interval=commit_interval, segment_size=JOURNAL_SEGMENT,
         )
+        self._enqueue = self._journal.enqueue
         try:
             remove_dead_temporaries(self._path)
             state = load_state(self._path, self._journal)
@@ -320,7 +321,8 @@ class JobStore(Resource):
                     f"segments of {JOURNAL_SEGMENT} bytes", hint="store a large payload "
                     "elsewhere and put a reference to it") from exc
             self._machine.apply_put(offset + 1, *plan)
-            self._went_back(plan.ready_at)
+            if plan[4] or self._waiters:  # plan.ready_at: delayed; or a reserve waits
+                self._went_back(plan[4])
         if self._sync:
             self._durable()
         return offset + 1
@@ -612,7 +614,13 @@ class JobStore(Resource):
     def _append(self, record: bytes) -> int:
         """Journal one record (the lock is held); return its offset. Under ``"sync"`` the
         record joins the open commit, which :meth:`_durable` then waits for."""
-        offset = self._journal.enqueue(record)
+        offset = self._enqueue(record)
+        if offset >= self._snapshot_at or self._sync:
+            self._appended(offset)
+        return offset
+
+    def _appended(self, offset: int) -> None:
+        """What an append at ``offset`` may set going: a snapshot; the commit it joins."""
         if offset >= self._snapshot_at and not self._snapshot_due:
             self._snapshot_due = True
             self._wake_snapshotter.notify()
@@ -626,7 +634,6 @@ class JobStore(Resource):
                 tls.lead = False  # (a second record of a batch keeps the first's role)
             commit.last = offset
             tls.commit = commit
-        return offset
 
     def _durable(self) -> None:
         """``"sync"``: return once this thread's last record is msync'd.

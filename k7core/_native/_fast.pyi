@@ -1,7 +1,9 @@
 """Types of the CPython entry points (k7core/_native/_fast.c)."""
 
 from collections.abc import Callable, Iterable
-from typing import Any, final
+from typing import Any, TypeVar, final
+
+_T = TypeVar("_T")
 
 CLOSED: int
 
@@ -12,6 +14,7 @@ def set_checks(
 def payload_size(data: Any, /) -> int: ...
 def message_offset(msg: Any, /) -> int: ...
 def bind(api_address: int, /) -> None: ...
+def gc_untrack(obj: _T, /) -> _T: ...
 
 @final
 class Appender:

@@ -45,6 +45,7 @@ from enum import StrEnum
 from itertools import islice
 from typing import Any, NamedTuple
 
+from .._native._fast import gc_untrack
 from ._errors import DependencyError, InvalidJobError, JobNotFoundError
 
 MAX_U32 = 2**32 - 1
@@ -348,6 +349,7 @@ class _Record:
         self.releases = 0
         self.buries = 0
         self.kicks = 0
+        gc_untrack(self)  # long-lived, no cycle to break: keep it out of the collector's walks
 
 
 # --- the machine ---------------------------------------------------------------------------

@@ -796,6 +796,9 @@ class JobStore(Resource):
         self._snapshotter.join()
         with self._lock:
             self._journal.close()
+            # Records are out of the cycle collector's reach (see _machine): drop them here,
+            # so that an owner a record still refers to cannot keep them alive with the store.
+            self._machine = JobMachine()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -11,10 +11,12 @@ woke because of the event: well before its own timeout, and for a deadline not b
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -762,3 +764,29 @@ def test_a_bad_timeout_is_an_invalid_job_error(tmp_path: Path) -> None:
         for bad in (-1, "1", float("nan")):
             with pytest.raises(InvalidJobError):
                 me.reserve(timeout=bad)  # type: ignore[arg-type]
+
+
+def test_records_stay_out_of_the_cycle_collector(tmp_path: Path) -> None:
+    """A store of many jobs does not make the collector's walks longer: its records are
+    untracked (the pauses of a full collection grew with the live jobs before)."""
+    with JobStore(tmp_path / "s") as store:
+        gc.collect()
+        before = len(gc.get_objects())
+        for _ in range(20_000):
+            store.put(b"x")
+        gc.collect()
+        assert len(gc.get_objects()) - before < 2_000
+
+
+def test_a_closed_store_is_freed_even_with_reservations_held(tmp_path: Path) -> None:
+    """Untracked records refer to their owner while reserved; close() drops the records, so
+    an owner left open cannot keep a closed store (and all its jobs) alive in a cycle."""
+    store = JobStore(tmp_path / "s")
+    store.put(b"x")
+    me = store.owner()
+    assert me.reserve(timeout=0) is not None
+    store.close()
+    gone = weakref.ref(store)
+    del store, me
+    gc.collect()
+    assert gone() is None

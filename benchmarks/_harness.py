@@ -9,7 +9,9 @@ highest value.
 
 from __future__ import annotations
 
+import itertools
 import json
+import shutil
 import statistics
 import textwrap
 import time
@@ -63,6 +65,22 @@ def rate(n: int, fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return n / (time.perf_counter() - t0)
+
+
+def in_fresh_dirs(root: Path, measure: Callable[[Path], Samples]) -> Run:
+    """A run that calls ``measure`` on a new, empty directory under ``root`` each time and
+    removes it after (each repetition starts from an empty queue or store)."""
+    counter = itertools.count()
+
+    def run() -> Samples:
+        path = root / f"run{next(counter)}"
+        path.mkdir()
+        try:
+            return measure(path)
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    return run
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

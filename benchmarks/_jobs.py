@@ -39,7 +39,6 @@ The k7 side is ``k7core.jobs`` (and ``k7async.open_jobs`` for the async producer
 from __future__ import annotations
 
 import importlib
-import itertools
 import json
 import shutil
 import socket
@@ -60,7 +59,7 @@ import anyio
 
 from k7core import jobs
 
-from ._harness import Case, Run, Samples, Skipped, rate
+from ._harness import Case, Run, Samples, Skipped, in_fresh_dirs, rate
 from ._scenarios import child_process
 
 BODY = b"j" * 100
@@ -471,26 +470,22 @@ def _peer_params(peer: Peer, **extra: Any) -> dict[str, Any]:
 
 def _peer_cycle_case(peer: Peer, n: int) -> Case:
     base = f"jobs peer {peer.name}"
-    counter = itertools.count()
+
+    def measure(d: Path) -> Samples:
+        q = peer.make(d)
+        try:
+            reserve, delete = q.reserve, q.delete
+
+            def take() -> None:
+                delete(reserve())
+
+            return _cycle(q.put, take, n, base)
+        finally:
+            q.close()
 
     @contextmanager
     def setup(root: Path) -> Iterator[Run]:
-        def run() -> Samples:
-            d = root / f"run{next(counter)}"
-            d.mkdir()
-            q = peer.make(d)
-            try:
-                reserve, delete = q.reserve, q.delete
-
-                def take() -> None:
-                    delete(reserve())
-
-                return _cycle(q.put, take, n, base)
-            finally:
-                q.close()
-                shutil.rmtree(d, ignore_errors=True)
-
-        yield run
+        yield in_fresh_dirs(root, measure)
 
     return Case(base, "peer", setup, _peer_params(peer, jobs=n))
 
@@ -528,26 +523,22 @@ def producers_rate(puts: list[Callable[[bytes], object]], per_thread: int) -> fl
 def _peer_producers_case(peer: Peer, n: int) -> Case:
     name = f"jobs peer {peer.name}, {PRODUCERS} producers"
     per = max(n // PRODUCERS, 1)
-    counter = itertools.count()
+
+    def measure(d: Path) -> Samples:
+        q = peer.make(d)
+        sides: list[JobQueue[Any]] = []
+        try:
+            sides = [q.producer() for _ in range(PRODUCERS)]
+            return {name: ("jobs/s", producers_rate([s.put for s in sides], per))}
+        finally:
+            for s in sides:
+                if s is not q:
+                    s.close()
+            q.close()
 
     @contextmanager
     def setup(root: Path) -> Iterator[Run]:
-        def run() -> Samples:
-            d = root / f"run{next(counter)}"
-            d.mkdir()
-            q = peer.make(d)
-            sides: list[JobQueue[Any]] = []
-            try:
-                sides = [q.producer() for _ in range(PRODUCERS)]
-                return {name: ("jobs/s", producers_rate([s.put for s in sides], per))}
-            finally:
-                for s in sides:
-                    if s is not q:
-                        s.close()
-                q.close()
-                shutil.rmtree(d, ignore_errors=True)
-
-        yield run
+        yield in_fresh_dirs(root, measure)
 
     return Case(name, "peer", setup,
                 _peer_params(peer, jobs=per * PRODUCERS, producers=peer.producers))
@@ -588,48 +579,27 @@ def _beanstalkd_ram_case(n: int) -> Case:
 
 
 def _k7_cycle_case(n: int) -> Case:
-    counter = itertools.count()
+    def measure(path: Path) -> Samples:
+        with jobs.JobStore(path, fsync="flush") as store:
+            put = partial(store.put, tube=TUBE)  # no Python frame of ours per put
+            with store.owner() as me:
+                reserve, delete, tubes = me.reserve, me.delete, (TUBE,)
+
+                def take() -> None:
+                    job = reserve(tubes=tubes, timeout=0)
+                    if job is None:
+                        raise RuntimeError("JobStore: reserve found nothing")
+                    delete(job.id)
+
+                return _cycle(put, take, n, K7_INPROC)
 
     @contextmanager
     def setup(root: Path) -> Iterator[Run]:
-        def run() -> Samples:
-            path = root / f"run{next(counter)}"
-            try:
-                with jobs.JobStore(path, fsync="flush") as store:
-                    put = partial(store.put, tube=TUBE)  # no Python frame of ours per put
-                    with store.owner() as me:
-                        reserve, delete, tubes = me.reserve, me.delete, (TUBE,)
-
-                        def take() -> None:
-                            job = reserve(tubes=tubes, timeout=0)
-                            if job is None:
-                                raise RuntimeError("JobStore: reserve found nothing")
-                            delete(job.id)
-
-                        return _cycle(put, take, n, K7_INPROC)
-            finally:
-                shutil.rmtree(path, ignore_errors=True)
-
-        yield run
+        yield in_fresh_dirs(root, measure)
 
     return Case(K7_INPROC, "k7", setup,
                 {"body": len(BODY), "jobs": n, "durability": OS_BUFFERED, "fsync": "flush",
                  "maps": "put / owner().reserve(timeout=0) / delete(job.id)"})
-
-
-def _in_fresh_dirs(root: Path, measure: Callable[[Path], Samples]) -> Run:
-    """A run that measures on a new store directory under ``root`` each time (removed
-    after)."""
-    counter = itertools.count()
-
-    def run() -> Samples:
-        path = root / f"run{next(counter)}"
-        try:
-            return measure(path)
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
-
-    return run
 
 
 def _durable_puts_case(
@@ -640,7 +610,7 @@ def _durable_puts_case(
 
     @contextmanager
     def setup(root: Path) -> Iterator[Run]:
-        yield _in_fresh_dirs(root, measure)
+        yield in_fresh_dirs(root, measure)
 
     return Case(name, "k7", setup,
                 {"body": len(BODY), "jobs": per * PRODUCERS, "durability": FSYNC_PER_PUT,

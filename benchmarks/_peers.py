@@ -8,7 +8,6 @@ whose package is not importable is skipped with a note (``pip install '.[bench]'
 from __future__ import annotations
 
 import importlib
-import itertools
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._harness import PAYLOAD, Case, Run, Samples, Skipped, rate
+from ._harness import PAYLOAD, Case, Run, Samples, Skipped, in_fresh_dirs, rate
 
 
 class Adapter:
@@ -163,31 +162,27 @@ PEERS = [
 
 
 def _case(peer: Peer, n: int) -> Case:
-    counter = itertools.count()
+    def measure(d: Path) -> Samples:
+        q = peer.make(d)
+        try:
+            put, get_ack = q.put, q.get_ack
+
+            def enq() -> None:
+                for _ in range(n):
+                    put(PAYLOAD)
+
+            def deq() -> None:
+                for _ in range(n):
+                    get_ack()
+
+            return {f"peer {peer.name} enqueue": ("msg/s", rate(n, enq)),
+                    f"peer {peer.name} dequeue+ack": ("msg/s", rate(n, deq))}
+        finally:
+            q.close()
 
     @contextmanager
     def setup(root: Path) -> Iterator[Run]:
-        def run() -> Samples:
-            d = root / f"run{next(counter)}"
-            d.mkdir()
-            q = peer.make(d)
-            try:
-                put, get_ack = q.put, q.get_ack
-
-                def enq() -> None:
-                    for _ in range(n):
-                        put(PAYLOAD)
-
-                def deq() -> None:
-                    for _ in range(n):
-                        get_ack()
-
-                return {f"peer {peer.name} enqueue": ("msg/s", rate(n, enq)),
-                        f"peer {peer.name} dequeue+ack": ("msg/s", rate(n, deq))}
-            finally:
-                q.close()
-
-        yield run
+        yield in_fresh_dirs(root, measure)
 
     params: dict[str, Any] = {"payload": 32, "messages": n}
     if peer.note:

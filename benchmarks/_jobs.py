@@ -60,7 +60,7 @@ import anyio
 from k7core import jobs
 
 from ._harness import Case, Run, Samples, Skipped, in_fresh_dirs, rate
-from ._scenarios import child_process
+from ._scenarios import PROC_STATUS, child_process
 
 BODY = b"j" * 100
 TUBE = "default"
@@ -693,15 +693,7 @@ RAM_CHILD = r"""
 import json, sys
 from k7core import jobs
 path, n, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-KEYS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
-def status():
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in KEYS:
-                out[key] = int(value.split()[0]) * 1024
-    return out
+""" + PROC_STATUS + r"""
 body = b"j" * size
 with jobs.JobStore(path, fsync="flush") as store:
     put = store.put

@@ -272,9 +272,7 @@ def _cross_process_case(n: int, interval: float, cursor_fsync: str = "async") ->
 # can be unmapped. Prints one JSON line: /proc/self/status figures (bytes) before and after.
 # VmHWM is reset (clear_refs 5) once the queue and the group are open, so the peak is the
 # flow's own; RssAnon and RssFile + RssShmem are sampled after every chunk.
-RSS_CHILD = r"""
-import json, sys, time, k7core
-path, total, size, seg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+PROC_STATUS = r"""
 KEYS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
 def status():
     out = {}
@@ -284,6 +282,14 @@ def status():
             if key in KEYS:
                 out[key] = int(value.split()[0]) * 1024
     return out
+"""
+"""Child-script code: ``status()``, this process's memory figures from /proc/self/status
+(bytes), shared by the memory children."""
+
+RSS_CHILD = r"""
+import json, sys, time, k7core
+path, total, size, seg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+""" + PROC_STATUS + r"""
 payload = b"z" * size
 n, chunk = total // size, max(1, (4 << 20) // size)
 with k7core.Queue(path, fsync="flush", segment_size=seg) as q, \

@@ -43,7 +43,7 @@ from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from itertools import islice
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from .._native._fast import gc_untrack
 from ._errors import DependencyError, InvalidJobError, JobNotFoundError
@@ -217,28 +217,28 @@ def check_seconds(value: object, what: str) -> float:
                           hint="use seconds (int or float), 0 .. 2**32-1")
 
 
+def _utf8_within(text: object, limit: int) -> TypeGuard[str]:
+    """True when ``text`` is a str of at most ``limit`` UTF-8 bytes (lone surrogates fail)."""
+    if type(text) is not str:
+        return False
+    try:
+        return len(text.encode()) <= limit
+    except UnicodeEncodeError:
+        return False
+
+
 def check_key(key: object) -> str:
     """``key`` if it is a str of at most 1024 UTF-8 bytes, else InvalidJobError."""
-    if type(key) is str:
-        try:
-            if len(key.encode()) <= MAX_KEY_BYTES:
-                return key
-        except UnicodeEncodeError:
-            pass
+    if _utf8_within(key, MAX_KEY_BYTES):
+        return key
     raise InvalidJobError(f"key {key!r:.80} is not valid",
                           hint="use a str of at most 1024 UTF-8 bytes (or None: no key)")
 
 
 def check_error(error: object) -> str | None:
     """``error`` if it is None or a str of at most 4096 UTF-8 bytes, else InvalidJobError."""
-    if error is None:
-        return None
-    if type(error) is str:
-        try:
-            if len(error.encode()) <= MAX_ERROR_BYTES:
-                return error
-        except UnicodeEncodeError:
-            pass
+    if error is None or _utf8_within(error, MAX_ERROR_BYTES):
+        return error
     raise InvalidJobError(f"error text {error!r:.80} is not valid",
                           hint="use None or a str of at most 4096 UTF-8 bytes")
 

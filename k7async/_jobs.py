@@ -22,9 +22,31 @@ import anyio.to_thread
 from k7core.jobs import Job, JobOwner, JobStore
 
 from ._bridge import run_in_thread
-from ._owner import Call, Command, Owner
+from ._owner import Call, Command, Gather, Owner
 
 T = TypeVar("T")
+
+_PutArgs = tuple[bytes, str, int, float, float, "str | None", tuple[int | tuple[str, str], ...]]
+
+
+class _Puts(Gather[JobStore, "int | BaseException"]):
+    """The awaited puts of many tasks of one loop, run as one command (:meth:`Owner.gather`):
+    one object, one round entry and one answer for the group instead of one per put. Each
+    put's outcome is its own: its id, or the exception it raised (a bad argument, a missing
+    dependency), which only its task raises."""
+
+    __slots__ = ()
+
+    def execute(self, store: JobStore) -> list[int | BaseException]:
+        put = store.put
+        out: list[int | BaseException] = []
+        for body, tube, priority, delay, ttr, key, deps in self.items:
+            try:
+                out.append(put(body, tube=tube, priority=priority, delay=delay, ttr=ttr,
+                               key=key, depends_on=deps))
+            except Exception as exc:  # the put's own failure, for its own task
+                out.append(exc)
+        return out
 
 
 def _in_one_batch(store: JobStore, commands: list[Command[JobStore, Any]]) -> list[Any]:
@@ -72,10 +94,14 @@ class AsyncJobStore:
         """:meth:`JobStore.put`: returns the id once the store's strategy holds the job. If
         the task is cancelled while it waits, the job may still be stored (its id is then
         unknown: use ``key`` to make a retried put safe)."""
-        deps = tuple(depends_on)
-        return await self._call(lambda s: s.put(body, tube=tube, priority=priority,
-                                                delay=delay, ttr=ttr, key=key,
-                                                depends_on=deps))
+        args: _PutArgs = (body, tube, priority, delay, ttr, key,
+                          tuple(depends_on) if depends_on else ())
+        command, index = self._owner.gather(_Puts, args)
+        await command.wait()
+        outcome = command.result()[index]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     async def delete(self, job_id: int) -> None:
         """:meth:`JobStore.delete`."""

@@ -129,8 +129,9 @@ class Gather(Command[R, list[T]]):
     """A command that gathers items from many tasks of one event loop while it waits for the
     thread: a task adds its item to the newest pending one of its loop (:meth:`Owner.gather`)
     and takes its own result by index. One object, one round entry and one answer serve the
-    whole group, which matters when each task hands over one small item. Items are checked
-    by the tasks beforehand, so the command can only fail as a whole."""
+    whole group, which matters when each task hands over one small item. An error of the
+    command is every task's; an item's own failure (when the tasks cannot check their
+    items beforehand) is carried in its result by the subclass."""
 
     __slots__ = ("items",)
 

@@ -1,7 +1,7 @@
 """Types of the CPython entry points (k7core/_native/_fast.c)."""
 
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar, final
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, Generic, TypeVar, final
 
 _T = TypeVar("_T")
 
@@ -14,7 +14,6 @@ def set_checks(
 def payload_size(data: Any, /) -> int: ...
 def message_offset(msg: Any, /) -> int: ...
 def bind(api_address: int, /) -> None: ...
-def gc_untrack(obj: _T, /) -> _T: ...
 
 @final
 class Appender:
@@ -38,3 +37,40 @@ class Fetcher:
     def detach(self) -> None: ...
     def enter(self) -> bool: ...
     def leave(self) -> None: ...
+
+@final
+class JobRecord:
+    """A live job of the job store (k7core/jobs/_machine.py)."""
+
+    tube: Any  # the machine's _Tube
+    body: bytes
+    key: str | None
+    depends_on: tuple[int, ...]
+    errors: tuple[str, ...]
+    owner: Hashable
+    state: Any  # a JobState
+    id: int
+    priority: int
+    seq: int
+    pending: int
+    reserves: int
+    timeouts: int
+    releases: int
+    buries: int
+    kicks: int
+    delay: float
+    ttr: float
+    ready_at: float
+    created_at: float
+    def __init__(
+        self, id: int, tube: Any, priority: int, delay: float, ttr: float, ready_at: float,
+        created_at: float, key: str | None, depends_on: tuple[int, ...], body: bytes,
+        state: Any, /,
+    ) -> None: ...
+
+@final
+class JobMaker(Generic[_T]):
+    """``JobMaker(Job)(record)``: a new ``Job`` copied from a :class:`JobRecord`."""
+
+    def __init__(self, job_type: type[_T], /) -> None: ...
+    def __call__(self, record: JobRecord, /) -> _T: ...

@@ -207,8 +207,8 @@ def _replay(machine: JobMachine, record: bytes | bytearray | memoryview, offset:
             pos += 8 * dep_count
         if len(record) < pos or len(tube) != tube_len:
             raise ValueError("PUT record cut short")
-        machine.apply_put(offset + 1, tube, priority, delay, ttr, ready_at, created_at, key,
-                          dep_ids, bytes(record[pos:]))
+        machine.apply_put(offset + 1, (tube, priority, delay, ttr, ready_at, created_at, key,
+                                       dep_ids, bytes(record[pos:])))
     elif op in (OP_DELETE, OP_KICK, OP_READY):
         _, job_id = _ID.unpack(record)
         if op == OP_DELETE:

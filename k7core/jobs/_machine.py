@@ -45,7 +45,7 @@ from enum import StrEnum
 from itertools import islice
 from typing import Any, NamedTuple, TypeGuard
 
-from .._native._fast import gc_untrack
+from .._native._fast import JobMaker, JobRecord
 from ._errors import DependencyError, InvalidJobError, JobNotFoundError
 
 MAX_U32 = 2**32 - 1
@@ -113,56 +113,15 @@ class Job:
     ready_at: float
 
 
-class _JobDraft:
-    """Builds a :class:`Job` five times faster than its frozen ``__init__`` (which goes
-    through ``object.__setattr__`` per field): same slots, plain stores, then the instance
-    becomes a ``Job`` (the layouts are identical, so ``__class__`` may change)."""
-
-    __slots__ = Job.__slots__
-
-    def __init__(self, r: _Record) -> None:
-        self.id = r.id
-        self.tube = r.tube.name
-        self.priority = r.priority
-        self.body = r.body
-        self.state = r.state
-        self.ttr = r.ttr
-        self.reserves = r.reserves
-        self.timeouts = r.timeouts
-        self.releases = r.releases
-        self.buries = r.buries
-        self.kicks = r.kicks
-        self.created_at = r.created_at
-        self.key = r.key
-        self.depends_on = r.depends_on
-        self.errors = r.errors
-        self.delay = r.delay
-        self.ready_at = r.ready_at
+_job = JobMaker(Job)
+"""``_job(record)``: the :class:`Job` copy of a record that a call returns (built in C, four
+times faster than the dataclass's ``__init__``)."""
 
 
-def _job(r: _Record) -> Job:
-    draft: Any = _JobDraft(r)
-    draft.__class__ = Job
-    job: Job = draft
-    return job
-
-
-class PutPlan(NamedTuple):
-    """A checked put: the arguments of :func:`encode_put` and (after the id) of
-    :meth:`JobMachine.apply_put`, in this order."""
-
-    tube: str
-    priority: int
-    delay: float
-    ttr: float
-    ready_at: float
-    created_at: float
-    key: str | None
-    dep_ids: tuple[int, ...]
-    body: bytes
-
-
-_new_plan = tuple.__new__  # builds a NamedTuple without its (slow) Python-level __new__
+PutPlan = tuple[str, int, float, float, float, float, str | None, tuple[int, ...], bytes]
+"""A checked put: (tube, priority, delay, ttr, ready_at, created_at, key, dep_ids, body), the
+arguments of :func:`encode_put` and (after the id) of :meth:`JobMachine.apply_put`. A plain
+tuple: building a NamedTuple would cost a sixth of a put."""
 
 
 class ReleasePlan(NamedTuple):
@@ -315,41 +274,13 @@ class _Tube:
         self.keys.clear()
 
 
-class _Record:
-    """A live job, mutable. Built into a :class:`Job` only when a call returns one."""
-
-    __slots__ = (
-        "body", "buries", "created_at", "delay", "depends_on", "errors", "id", "key", "kicks",
-        "owner", "pending", "priority", "ready_at", "releases", "reserves", "seq", "state",
-        "timeouts", "ttr", "tube",
-    )
-
-    def __init__(
-        self, job_id: int, tube: _Tube, priority: int, delay: float, ttr: float,
-        ready_at: float, created_at: float, key: str | None, depends_on: tuple[int, ...],
-        body: bytes,
-    ) -> None:
-        self.id = job_id
-        self.tube = tube
-        self.priority = priority
-        self.delay = delay
-        self.ttr = ttr
-        self.ready_at = ready_at
-        self.created_at = created_at
-        self.key = key
-        self.depends_on = depends_on
-        self.body = body
-        self.seq = 0  # + 1 per state change: heap entries of an earlier state are stale
-        self.state = READY
-        self.pending = 0  # dependencies not yet deleted (waiting)
-        self.errors: tuple[str, ...] = ()
-        self.owner: Hashable = None
-        self.reserves = 0
-        self.timeouts = 0
-        self.releases = 0
-        self.buries = 0
-        self.kicks = 0
-        gc_untrack(self)  # long-lived, no cycle to break: keep it out of the collector's walks
+_Record = JobRecord
+"""A live job, mutable (a C struct: made ten times faster than a Python object, numbers
+inline, never walked by the cycle collector). Built into a :class:`Job` only when a call
+returns one. ``_Record(id, tube, priority, delay, ttr, ready_at, created_at, key,
+depends_on, body, state)``; seq (+ 1 per state change: heap entries of an earlier state are
+stale), pending (dependencies not yet deleted), the counters start at 0, errors at (),
+owner at None."""
 
 
 # --- the machine ---------------------------------------------------------------------------
@@ -464,8 +395,8 @@ class JobMachine:
                 if found is not None:
                     return found
         dep_ids = self._resolve(depends_on) if depends_on else ()
-        return _new_plan(PutPlan, (tube, priority, delay, ttr if ttr >= 1.0 else 1.0,
-                                   now + delay if delay > 0.0 else 0.0, now, key, dep_ids, body))
+        return (tube, priority, delay, ttr if ttr >= 1.0 else 1.0,
+                now + delay if delay > 0.0 else 0.0, now, key, dep_ids, body)
 
     def _resolve(self, depends_on: Iterable[int | tuple[str, str]]) -> tuple[int, ...]:
         if isinstance(depends_on, str | bytes):
@@ -500,18 +431,15 @@ class JobMachine:
                                       hint="use a job id (int) or a (tube, key) pair")
         return tuple(ids)
 
-    def apply_put(
-        self, job_id: int, tube: str, priority: int, delay: float, ttr: float,
-        ready_at: float, created_at: float, key: str | None, dep_ids: tuple[int, ...],
-        body: bytes,
-    ) -> None:
+    def apply_put(self, job_id: int, plan: PutPlan) -> None:
         """Store a checked put as job ``job_id``: waiting if a dependency is live, else
         delayed if ``ready_at`` is set, else ready."""
+        tube, priority, delay, ttr, ready_at, created_at, key, dep_ids, body = plan
         t = self._tubes.get(tube)
         if t is None or (self._idle and tube in self._idle):
             t = self._tube(tube)
         rec = _Record(job_id, t, priority, delay, ttr, ready_at, created_at, key, dep_ids,
-                      body)
+                      body, READY)
         self._jobs[job_id] = rec
         t.jobs += 1
         t.total_jobs += 1
@@ -555,7 +483,7 @@ class JobMachine:
             if t is None or (self._idle and tube in self._idle):
                 t = self._tube(tube)
             rec = _Record(job_id, t, priority, delay, ttr, ready_at, created_at, None, (),
-                          body)
+                          body, READY)
             jobs[job_id] = rec
             t.jobs += 1
             t.total_jobs += 1
@@ -1155,7 +1083,7 @@ class JobMachine:
              timeouts, releases, buries, kicks) = row
             t = by_index[tube]
             rec = _Record(job_id, t, priority, delay, ttr, ready_at, created_at, None, (),
-                          body)
+                          body, READY)
             if reserves:
                 rec.reserves = reserves
             if timeouts:

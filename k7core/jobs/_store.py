@@ -116,14 +116,33 @@ class State:
 
 
 class _Commit:
-    """Records of several threads that one msync makes durable (``"sync"``)."""
+    """Records of several threads that one msync makes durable (``"sync"``).
 
-    __slots__ = ("done", "error", "last")
+    Its leader waits on the previous commit's ``done``; every other member thread blocks on
+    a lock of its own, which :meth:`finish` releases. So a commit wakes each member once
+    and directly: with a shared event, the members woken together would then queue for
+    its lock, one GIL handoff after another (a third of the throughput with 100 threads).
+    """
+
+    __slots__ = ("done", "error", "last", "members")
 
     def __init__(self) -> None:
         self.done = threading.Event()
+        self.members: list[threading.Lock] = []  # held; released by finish()
         self.last = -1  # the offset of its last record
         self.error: BaseException | None = None
+
+    def join(self) -> threading.Lock:
+        """A held lock for a member thread to block on until the commit is over."""
+        lock = threading.Lock()
+        lock.acquire()
+        self.members.append(lock)
+        return lock
+
+    def finish(self) -> None:
+        self.done.set()
+        for lock in self.members:
+            lock.release()
 
 
 @dataclass(frozen=True)
@@ -312,16 +331,18 @@ class JobStore(Resource):
             plan = self._machine.check_put(tube, body, priority, delay, ttr, key, depends_on,
                                            self._clock())
             if isinstance(plan, int):
-                return plan
+                return plan  # the live job with this key
             try:
-                offset = self._append(encode_put(*plan))
+                offset = self._enqueue(encode_put(*plan))
             except MessageTooLargeError as exc:
                 raise InvalidJobError(
-                    f"a job body of {len(plan.body)} bytes does not fit in the journal's "
+                    f"a job body of {len(plan[8])} bytes does not fit in the journal's "
                     f"segments of {JOURNAL_SEGMENT} bytes", hint="store a large payload "
                     "elsewhere and put a reference to it") from exc
-            self._machine.apply_put(offset + 1, *plan)
-            if plan[4] or self._waiters:  # plan.ready_at: delayed; or a reserve waits
+            if offset >= self._snapshot_at or self._sync:  # _append, inlined: the hot path
+                self._appended(offset)
+            self._machine.apply_put(offset + 1, plan)
+            if plan[4] or self._waiters:  # plan's ready_at: delayed; or a reserve waits
                 self._went_back(plan[4])
         if self._sync:
             self._durable()
@@ -491,14 +512,17 @@ class JobStore(Resource):
     def _reserve(
         self, owner: JobOwner, tubes: Iterable[str], timeout: float | None
     ) -> Job | None:
-        tubes = (tubes,) if isinstance(tubes, str) else tuple(tubes)
-        deadline = time.monotonic() + (math.inf if timeout is None
-                                       else check_seconds(timeout, "timeout"))
+        if type(tubes) is not tuple:
+            tubes = (tubes,) if isinstance(tubes, str) else tuple(tubes)
+        if timeout is not None and (timeout != 0 or type(timeout) is not int):
+            timeout = check_seconds(timeout, "timeout")
+        deadline = None  # taken when the first try finds nothing
         machine = self._machine
         with self._lock:
             while True:
-                self._check_open()
-                owner._check_open()  # closed by another thread while this one waited
+                if self._closed or owner._closed:
+                    self._check_open()
+                    owner._check_open()  # closed by another thread while this one waited
                 now = self._clock()
                 machine.advance(now)
                 job = machine.reserve(owner, tubes, now)
@@ -506,6 +530,10 @@ class JobStore(Resource):
                     self._reserves += 1
                     self._arm(job.ready_at)
                     return job
+                if deadline is None:
+                    if timeout == 0:
+                        return None
+                    deadline = math.inf if timeout is None else time.monotonic() + timeout
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
@@ -539,7 +567,9 @@ class JobStore(Resource):
             machine = self._machine
             machine.check_delete(job_id, owner)
             frees = machine.has_dependents(job_id)
-            self._append(encode_delete(job_id))
+            offset = self._enqueue(encode_delete(job_id))
+            if offset >= self._snapshot_at or self._sync:  # _append, inlined: the hot path
+                self._appended(offset)
             machine.apply_delete(job_id)
             self._deletes += 1
             if frees:  # jobs waiting on it go on: ready, or delayed (maybe due already)
@@ -632,6 +662,7 @@ class JobStore(Resource):
                 tls.lead = True
             elif getattr(tls, "commit", None) is not commit:
                 tls.lead = False  # (a second record of a batch keeps the first's role)
+                tls.wake = commit.join()
             commit.last = offset
             tls.commit = commit
 
@@ -649,7 +680,7 @@ class JobStore(Resource):
         commit: _Commit = tls.commit
         tls.commit = None
         if not tls.lead:
-            commit.done.wait()
+            tls.wake.acquire()
         else:
             with self._lock:
                 previous = self._last_commit
@@ -671,7 +702,7 @@ class JobStore(Resource):
                 commit.error = exc
                 raise
             finally:
-                commit.done.set()
+                commit.finish()
         if commit.error is not None:
             raise StorageError(
                 f"job store {self._path}: the msync of the journal failed ({commit.error})",
@@ -836,12 +867,14 @@ class JobOwner(Resource):
         """Reserve the most urgent ready job of ``tubes`` (smallest priority, then oldest),
         waiting up to ``timeout`` seconds (None: without limit, 0: not at all) for one;
         None when none came."""
-        self._check_open()
+        if self._closed:
+            self._check_open()
         return self._store._reserve(self, tubes, timeout)
 
     def delete(self, job_id: int) -> None:
         """Delete a job this owner reserved (or one that is not reserved)."""
-        self._check_open()
+        if self._closed:
+            self._check_open()
         self._store._delete(job_id, self)
 
     def release(

@@ -76,3 +76,36 @@ async def test_a_cancelled_reserve_leaves_no_job_reserved(tmp_path: Path) -> Non
             job = await other.reserve(("work",), timeout=5)
             # the abandoned thread may reserve it first; it then releases it at once
             assert job is not None and job.id == jid
+
+
+async def test_a_failing_put_among_many_fails_only_its_own_task(tmp_path: Path) -> None:
+    """Concurrent puts of one loop share commands; a put's own error (bad argument, missing
+    dependency, key found) is its task's alone, the others are stored."""
+    outcomes: dict[int, int | BaseException] = {}
+    async with k7async.open_jobs(tmp_path / "s", fsync="sync") as store:
+        first = await store.put(b"keyed", key="k")
+
+        async def producer(n: int) -> None:
+            try:
+                if n == 7:
+                    outcomes[n] = await store.put(b"bad", priority=-1)
+                elif n == 13:
+                    outcomes[n] = await store.put(b"orphan", depends_on=[10**15])
+                elif n == 21:
+                    outcomes[n] = await store.put(b"dup", key="k")
+                else:
+                    outcomes[n] = await store.put(str(n).encode())
+            except jobs.InvalidJobError as exc:
+                outcomes[n] = exc
+
+        async with anyio.create_task_group() as tg:
+            for n in range(40):
+                tg.start_soon(producer, n)
+        assert isinstance(outcomes[7], jobs.InvalidJobError)
+        assert isinstance(outcomes[13], jobs.DependencyError)
+        assert outcomes[21] == first
+        good = {n: v for n, v in outcomes.items() if n not in (7, 13, 21)}
+        assert all(isinstance(v, int) for v in good.values()) and len(good) == 37
+        assert {store.store.peek(v).body for v in good.values()} == {  # type: ignore[union-attr,arg-type]
+            str(n).encode() for n in good}
+        assert len(store.store) == 38

@@ -36,7 +36,7 @@ def journaled_machine() -> tuple[JobMachine, list[tuple[int, bytes]]]:
         assert not isinstance(plan, int)
         offset = 100 * len(journal)
         journal.append((offset, encode_put(*plan)))
-        m.apply_put(offset + 1, *plan)
+        m.apply_put(offset + 1, plan)
         return offset + 1
 
     def log(record: bytes) -> None:
@@ -182,7 +182,7 @@ def test_counters_past_u32_are_saved_as_the_max() -> None:
     m = JobMachine()
     plan = m.check_put("t", b"", 1, 0, 1, None, (), NOW)
     assert not isinstance(plan, int)
-    m.apply_put(1, *plan)
+    m.apply_put(1, plan)
     m._jobs[1].kicks = 2**40
     loaded = load_snapshot(dump_snapshot(m))
     assert loaded.peek(1).kicks == 2**32 - 1  # type: ignore[union-attr]

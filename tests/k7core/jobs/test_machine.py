@@ -37,7 +37,7 @@ class Store:
             return plan
         job_id = self.next_id
         self.next_id += 10
-        self.m.apply_put(job_id, *plan)
+        self.m.apply_put(job_id, plan)
         return job_id
 
     def delete(self, job_id: int, owner: Hashable = None) -> int:
@@ -452,5 +452,6 @@ def test_stale_heap_entries_are_dropped(s: Store) -> None:
 
 def test_check_put_returns_a_plan_in_apply_order(s: Store) -> None:
     plan = s.m.check_put("t", b"b", 3, 2, 0.5, "k", (), NOW)
-    assert plan == PutPlan("t", 3, 2, 1.0, NOW + 2, NOW, "k", (), b"b")
+    expected: PutPlan = ("t", 3, 2, 1.0, NOW + 2, NOW, "k", (), b"b")
+    assert plan == expected
     assert len(s.m) == 0

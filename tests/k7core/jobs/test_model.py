@@ -95,7 +95,7 @@ class MachineAgainstModel(RuleBasedStateMachine):
             assert found == plan
             return
         job_id = self.journal_append(encode_put(*plan)) + 1
-        self.machine.apply_put(job_id, *plan)
+        self.machine.apply_put(job_id, plan)
         assert self.model.put(job_id, tube, body, priority, delay, ttr, key, deps,
                               self.now) == job_id
         self.ids.append(job_id)
@@ -108,7 +108,7 @@ class MachineAgainstModel(RuleBasedStateMachine):
             plan = self.machine.check_put(tube, b"", priority, delay, ttr, None, (), self.now)
             assert not isinstance(plan, int)
             job_id = self.journal_append(encode_put(*plan)) + 1
-            self.machine.apply_put(job_id, *plan)
+            self.machine.apply_put(job_id, plan)
             self.model.put(job_id, tube, b"", priority, delay, ttr, None, (), self.now)
             self.ids.append(job_id)
 

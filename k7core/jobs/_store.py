@@ -744,7 +744,10 @@ class JobStore(Resource):
                 size += len(chunk)
                 yield chunk
 
-        write_file_atomic(self._path / snapshot_name(covered), counted())
+        try:
+            write_file_atomic(self._path / snapshot_name(covered), counted())
+        finally:
+            state.machine.dismantle()
         kept = [covered]
         unreadable = {file for file, _ in self.skipped_snapshots}
         for offset, file in list_snapshots(self._path):

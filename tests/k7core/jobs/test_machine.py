@@ -4,6 +4,7 @@ errors, stats. (test_model.py compares whole runs with the reference model.)"""
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Hashable, Iterable
 from typing import Any
 
@@ -455,3 +456,16 @@ def test_check_put_returns_a_plan_in_apply_order(s: Store) -> None:
     expected: PutPlan = ("t", 3, 2, 1.0, NOW + 2, NOW, "k", (), b"b")
     assert plan == expected
     assert len(s.m) == 0
+
+
+def test_dismantle_frees_every_job_and_its_heap_entries(s: Store) -> None:
+    body = bytes(range(100))  # a new object: its count is this test's
+    before = sys.getrefcount(body)
+    for i in range(300):
+        s.put(body, tube=f"t{i % 3}", delay=i % 2)
+    owner = object()
+    assert s.m.reserve(owner, ["t0"], NOW) is not None
+    assert sys.getrefcount(body) == before + 300
+    s.m.dismantle()
+    assert len(s.m) == 0
+    assert sys.getrefcount(body) == before

@@ -93,10 +93,10 @@ def encode_put(
     key: str | None, dep_ids: tuple[int, ...], body: bytes,
 ) -> bytes:
     """The PUT record of a checked put (``encode_put(*plan)``)."""
+    if key is None and not dep_ids:  # (a checked tube name is ASCII: its length in bytes)
+        return _PUT.pack(OP_PUT, priority, delay, ttr, ready_at, created_at, len(tube),
+                         _NO_KEY, 0) + tube.encode() + body
     name = tube.encode("ascii")
-    if key is None and not dep_ids:
-        return _PUT.pack(OP_PUT, priority, delay, ttr, ready_at, created_at, len(name),
-                         _NO_KEY, 0) + name + body
     raw_key = b"" if key is None else key.encode()
     return b"".join((
         _PUT.pack(OP_PUT, priority, delay, ttr, ready_at, created_at, len(name),

@@ -459,8 +459,7 @@ class JobMachine:
                 return
         if ready_at > 0.0:
             self._enter_delayed(rec)
-        else:
-            rec.ready_at = 0.0
+        else:  # (ready_at is 0.0: not delayed)
             t.n_ready += 1
             if priority < URGENT_BELOW:
                 t.n_urgent += 1
@@ -492,7 +491,6 @@ class JobMachine:
             if ready_at > 0.0:
                 self._enter_delayed(rec)
                 continue
-            rec.ready_at = 0.0
             t.n_ready += 1
             if priority < URGENT_BELOW:
                 t.n_urgent += 1

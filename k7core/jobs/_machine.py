@@ -115,14 +115,14 @@ class Job:
 
 
 _job = JobMaker(Job)
-"""``_job(record)``: the :class:`Job` copy of a record that a call returns (built in C, four
-times faster than the dataclass's ``__init__``)."""
+"""``_job(record)``: the :class:`Job` copy of a record that a call returns (built in C; the
+dataclass's ``__init__`` sets each field through ``object.__setattr__``)."""
 
 
 PutPlan = tuple[str, int, float, float, float, float, str | None, tuple[int, ...], bytes]
 """A checked put: (tube, priority, delay, ttr, ready_at, created_at, key, dep_ids, body), the
 arguments of :func:`encode_put` and (after the id) of :meth:`JobMachine.apply_put`. A plain
-tuple: building a NamedTuple would cost a sixth of a put."""
+tuple: building a NamedTuple goes through a slow ``tuple.__new__`` call per put."""
 
 
 class ReleasePlan(NamedTuple):
@@ -276,8 +276,8 @@ class _Tube:
 
 
 _Record = JobRecord
-"""A live job, mutable (a C struct: made ten times faster than a Python object, numbers
-inline, never walked by the cycle collector). Built into a :class:`Job` only when a call
+"""A live job, mutable (a C struct: made by one call, numbers inline, never walked by the
+cycle collector). Built into a :class:`Job` only when a call
 returns one. ``_Record(id, tube, priority, delay, ttr, ready_at, created_at, key,
 depends_on, body, state)``; seq (+ 1 per state change: heap entries of an earlier state are
 stale), pending (dependencies not yet deleted), the counters start at 0, errors at (),
@@ -1063,8 +1063,8 @@ class JobMachine:
     def dismantle(self) -> None:
         """Free every job, one record (a heap's few thousand entries) per step: a machine
         dropped whole frees all of them in one call, holding the GIL, and so every other
-        thread of the process, for ~50 ms per million jobs. The machine is unusable
-        afterwards: drop it."""
+        thread of the process, for tens of milliseconds per million jobs. The machine is
+        unusable afterwards: drop it."""
         jobs = self._jobs
         pop = jobs.popitem
         for _ in range(len(jobs)):  # one record (and its body) freed per step

@@ -62,11 +62,11 @@ class JobRecord:
     ttr: float
     ready_at: float
     created_at: float
-    def __init__(
-        self, id: int, tube: Any, priority: int, delay: float, ttr: float, ready_at: float,
+    def __new__(
+        cls, id: int, tube: Any, priority: int, delay: float, ttr: float, ready_at: float,
         created_at: float, key: str | None, depends_on: tuple[int, ...], body: bytes,
         state: Any, /,
-    ) -> None: ...
+    ) -> JobRecord: ...
 
 @final
 class JobMaker(Generic[_T]):

@@ -74,10 +74,12 @@ class AsyncJobStore:
     def path(self) -> Path:
         return self._store.path
 
-    async def _call(self, fn: Callable[[JobStore], T]) -> T:
-        """Run ``fn(store)`` on the owner thread. A task cancelled while it waits gets the
-        cancellation at once; the call was handed over and still runs (only its result is
-        lost), as with ``AsyncQueue.enqueue``."""
+    async def run(self, fn: Callable[[JobStore], T]) -> T:
+        """Run ``fn(store)`` on the owner thread, with the other calls of the moment (under
+        ``"sync"`` they share one msync), and return its result once what it stored is
+        durable. ``fn`` must not block (a reserve that waits belongs elsewhere). A task
+        cancelled while it waits gets the cancellation at once; the call was handed over and
+        still runs (only its result is lost), as with ``AsyncQueue.enqueue``."""
         return await self._owner.call(Call(fn), precheck=False)
 
     async def put(
@@ -105,15 +107,15 @@ class AsyncJobStore:
 
     async def delete(self, job_id: int) -> None:
         """:meth:`JobStore.delete`."""
-        await self._call(lambda s: s.delete(job_id))
+        await self.run(lambda s: s.delete(job_id))
 
     async def kick(self, tube: str, bound: int) -> int:
         """:meth:`JobStore.kick`."""
-        return await self._call(lambda s: s.kick(tube, bound))
+        return await self.run(lambda s: s.kick(tube, bound))
 
     async def kick_job(self, job_id: int) -> None:
         """:meth:`JobStore.kick_job`."""
-        await self._call(lambda s: s.kick_job(job_id))
+        await self.run(lambda s: s.kick_job(job_id))
 
     @asynccontextmanager
     async def owner(self) -> AsyncIterator[AsyncJobOwner]:
@@ -169,23 +171,23 @@ class AsyncJobOwner:
             raise
 
     async def delete(self, job_id: int) -> None:
-        await self._store._call(lambda s: self._owner.delete(job_id))
+        await self._store.run(lambda s: self._owner.delete(job_id))
 
     async def release(
         self, job_id: int, *, priority: int | None = None, delay: float = 0.0,
         error: str | None = None,
     ) -> None:
-        await self._store._call(
+        await self._store.run(
             lambda s: self._owner.release(job_id, priority=priority, delay=delay, error=error))
 
     async def bury(
         self, job_id: int, *, priority: int | None = None, error: str | None = None
     ) -> None:
-        await self._store._call(
+        await self._store.run(
             lambda s: self._owner.bury(job_id, priority=priority, error=error))
 
     async def touch(self, job_id: int) -> None:
-        await self._store._call(lambda s: self._owner.touch(job_id))
+        await self._store.run(lambda s: self._owner.touch(job_id))
 
 
 @asynccontextmanager

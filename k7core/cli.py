@@ -42,6 +42,8 @@ try:
 except ImportError as exc:
     raise SystemExit(f"k7: {MissingExtraError('the command line', 'cli', exc)}") from exc
 
+from k7async.server._cli import serve_command
+
 from ._errors import CursorError, DataLossError, K7Error, StorageError
 from ._format import (
     CURSOR_SIZE,
@@ -185,6 +187,7 @@ def cli() -> None:
 
 
 cli.add_command(jobs_group)  # under cli: its K7Error translation covers the jobs commands
+cli.add_command(serve_command)
 
 
 # ---------------------------------------------------------------------------------- info

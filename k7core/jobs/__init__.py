@@ -12,11 +12,15 @@ from ._errors import InvalidJobError as InvalidJobError
 from ._errors import JobNotFoundError as JobNotFoundError
 from ._machine import Job as Job
 from ._machine import JobState as JobState
+from ._store import JOURNAL_SEGMENT as JOURNAL_SEGMENT
+from ._store import MAX_BODY as MAX_BODY
 from ._store import JobOwner as JobOwner
 from ._store import JobStore as JobStore
 from ._store import TubeOverview as TubeOverview
 
 __all__ = [
+    "JOURNAL_SEGMENT",
+    "MAX_BODY",
     "CorruptJobDataError",
     "DependencyError",
     "InvalidJobError",

@@ -296,6 +296,10 @@ class JobMachine:
         # Empty, unreferenced tubes whose record is kept for the next put (beanstalkd frees
         # them: they are hidden and their counters reset; dropped past _IDLE_TUBES_KEPT).
         self._idle: dict[str, None] = {}
+        # Live tubes in beanstalkd's order (list-tubes): appended when made, a freed one's
+        # place taken by the last (its ms_delete); _where maps a name to its index.
+        self._order: list[str] = []
+        self._where: dict[str, int] = {}
         self._paused: dict[str, _Tube] = {}
         self._delayed: list[tuple[float, int, int]] = []  # (ready_at, id, seq), every tube
         self._reserved: list[tuple[float, int, int]] = []  # (deadline, id, seq)
@@ -314,15 +318,30 @@ class JobMachine:
         t = self._tubes.get(name)
         if t is None:
             t = self._tubes[name] = _Tube(name)
+            self._list(name)
         elif self._idle and name in self._idle:
             del self._idle[name]
+            self._list(name)
         return t
+
+    def _list(self, name: str) -> None:
+        self._where[name] = len(self._order)
+        self._order.append(name)
+
+    def _unlist(self, name: str) -> None:
+        order, where = self._order, self._where
+        i = where.pop(name)
+        last = order.pop()
+        if i < len(order):
+            order[i] = last
+            where[last] = i
 
     def _settle(self, t: _Tube) -> None:
         """Hide ``t`` if beanstalkd would free it now (no jobs, no users, no pause)."""
         if t.live():
             return
         t.reset()
+        self._unlist(t.name)
         self._idle[t.name] = None
         if len(self._idle) > _IDLE_TUBES_KEPT:
             for name in self._idle:
@@ -352,9 +371,9 @@ class JobMachine:
         return self._live_tube(tube) is not None
 
     def tubes(self) -> list[str]:
-        """The tubes that exist (jobs, refs or a pause), oldest first."""
-        idle = self._idle
-        return [name for name in self._tubes if name not in idle]
+        """The tubes that exist (jobs, refs or a pause), in beanstalkd's order: as made,
+        except that a tube freed gives its place to the last one."""
+        return list(self._order)
 
     def pause_tube(self, tube: str, seconds: float, now: float) -> None:
         """No reservations from ``tube`` until ``now + seconds`` (0 counts as 1, as in
@@ -869,6 +888,14 @@ class JobMachine:
         jobs = self._jobs
         return min(jobs[i].ready_at for i in mine) - DEADLINE_MARGIN <= now
 
+    def soonest_end(self, owner: Hashable) -> float | None:
+        """When the first of ``owner``'s reservations runs out (None: it has none)."""
+        mine = self._owners.get(owner)
+        if not mine:
+            return None
+        jobs = self._jobs
+        return min(jobs[i].ready_at for i in mine)
+
     def reserved_by(self, owner: Hashable) -> list[int]:
         """The ids ``owner`` has reserved, in the order it reserved them."""
         return list(self._owners.get(owner, ()))
@@ -1155,9 +1182,12 @@ class JobMachine:
         for t in list(self._tubes.values()):
             if not t.jobs:  # a tube of the snapshot's table without jobs
                 del self._tubes[t.name]
+                continue
             heapq.heapify(t.ready)
             heapq.heapify(t.delayed)
         heapq.heapify(self._delayed)
+        self._order = [name for name in self._tubes if name not in self._idle]
+        self._where = {name: i for i, name in enumerate(self._order)}
         waiting, self._loading = self._loading or [], None
         jobs = self._jobs
         for rec in waiting:

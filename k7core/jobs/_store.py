@@ -71,6 +71,9 @@ SNAPSHOTS_KEPT = 2
 """Snapshots kept: the newest, and the one before it in case the newest cannot be read (the
 journal is kept from the older one's offset)."""
 JOURNAL_SEGMENT = 16 << 20
+MAX_BODY = JOURNAL_SEGMENT - (1 << 20)
+"""The largest job body a put always stores (15 MiB: the rest of a journal segment is room
+for the record's other fields)."""
 SNAPSHOT_MIN_BYTES = 64 << 20
 """A snapshot is due once the journal has grown by this much since the last one, or by the
 size of the last snapshot if that is more: disk use and open time follow the live jobs."""
@@ -256,7 +259,8 @@ class JobStore(Resource):
         self._ready = threading.Condition(self._lock)  # reservers wait here
         self._wake_timer = threading.Condition(self._lock)
         self._wake_snapshotter = threading.Condition(self._lock)
-        self._waiters = 0
+        self._waiters = 0  # reserves waiting, plus one per ready listener
+        self._listeners: list[Callable[[], object]] = []
         self._tls = threading.local()  # "sync": the commit of this thread's last record
         self._open_commit: _Commit | None = None
         self._last_commit: _Commit | None = None
@@ -365,7 +369,7 @@ class JobStore(Resource):
                 self._machine.apply_kick(job_id)
             self._kicks += len(ids)
             if ids and self._waiters:
-                self._ready.notify_all()
+                self._wake_reservers()
         if self._sync and offset >= 0:
             self._durable()
         return len(ids)
@@ -379,7 +383,7 @@ class JobStore(Resource):
             self._machine.apply_kick(job_id)
             self._kicks += 1
             if self._waiters:
-                self._ready.notify_all()
+                self._wake_reservers()
         if self._sync:
             self._durable()
 
@@ -410,6 +414,43 @@ class JobStore(Resource):
             tls.deferred = False
             if tls.commit is not None:
                 self._durable()
+
+    def add_ready_listener(self, listener: Callable[[], object]) -> None:
+        """Call ``listener()`` whenever jobs may have become reservable (a put, a release,
+        a kick, a delay or a time-to-run or a pause running out, an owner closing...), for
+        reservers that wait elsewhere (a server's event loop). It is called from the thread
+        that made the change, with the store's lock held: it must be quick and must not
+        call the store (post a wake-up to an event loop, set a flag)."""
+        with self._lock:
+            self._check_open()
+            self._listeners.append(listener)
+            self._waiters += 1
+
+    def remove_ready_listener(self, listener: Callable[[], object]) -> None:
+        """Undo :meth:`add_ready_listener` (ValueError if ``listener`` was not added)."""
+        with self._lock:
+            self._listeners.remove(listener)
+            self._waiters -= 1
+
+    def ref_tube(self, tube: str) -> None:
+        """Count a user of ``tube`` (a server connection's use or watch): the tube exists,
+        with its counters, until every ref is undone and it has no jobs (beanstalkd's rule).
+        Not journaled."""
+        with self._lock:
+            self._check_open()
+            self._machine.ref_tube(tube)
+
+    def unref_tube(self, tube: str) -> None:
+        """Undo one :meth:`ref_tube` (InvalidJobError if there is none to undo)."""
+        with self._lock:
+            if not self._closed:
+                self._machine.unref_tube(tube)
+
+    def has_tube(self, tube: str) -> bool:
+        """True when beanstalkd would know ``tube``: it has jobs, users or a pause."""
+        with self._lock:
+            self._check_open()
+            return self._machine.has_tube(tube)
 
     def owner(self) -> JobOwner:
         """A handle whose reservations are its own: only it may delete, release, bury or
@@ -576,7 +617,7 @@ class JobStore(Resource):
                 self._advance()
                 self._rearm()
                 if self._waiters:
-                    self._ready.notify_all()
+                    self._wake_reservers()
         if self._sync:
             self._durable()
 
@@ -632,7 +673,13 @@ class JobStore(Resource):
                 return
             self._machine.release_owner(owner)
             if self._waiters:  # its jobs are ready; a reserve of its own must stop
-                self._ready.notify_all()
+                self._wake_reservers()
+
+    def _time_left(self, owner: JobOwner) -> float | None:
+        with self._lock:
+            self._check_open()
+            end = self._machine.soonest_end(owner)
+            return None if end is None else end - self._clock()
 
     def _reserved_by(self, owner: JobOwner) -> list[int]:
         with self._lock:
@@ -770,14 +817,21 @@ class JobStore(Resource):
     def _advance(self) -> None:
         """Apply the deadlines due now (lock held); wake reservers if jobs became ready."""
         if self._machine.advance(self._clock()) and self._waiters:
-            self._ready.notify_all()
+            self._wake_reservers()
 
     def _went_back(self, ready_at: float) -> None:
         """A job became ready (``ready_at`` 0) or delayed until ``ready_at`` (lock held)."""
         if ready_at:
             self._arm(ready_at)
         elif self._waiters:
-            self._ready.notify_all()
+            self._wake_reservers()
+
+    def _wake_reservers(self) -> None:
+        """Jobs may have become reservable (lock held): wake the waiting reserves, call the
+        ready listeners."""
+        self._ready.notify_all()
+        for listener in self._listeners:
+            listener()
 
     def _arm(self, deadline: float) -> None:
         """Wake the timer if ``deadline`` comes before what it waits for (lock held)."""
@@ -898,6 +952,12 @@ class JobOwner(Resource):
         """Give a reserved job a full time-to-run again from now."""
         self._check_open()
         self._store._touch(self, job_id)
+
+    def time_left(self) -> float | None:
+        """Seconds until the first of this owner's reservations runs out (negative when
+        overdue), None when it has none (beanstalkd's DEADLINE_SOON looks at this)."""
+        self._check_open()
+        return self._store._time_left(self)
 
     def reserved(self) -> list[int]:
         """The ids this owner has reserved."""

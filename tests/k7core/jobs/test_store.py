@@ -285,6 +285,9 @@ CALLS: dict[str, dict[str, Call]] = {
         "snapshot": lambda s: s.store.snapshot(),
         "counters": lambda s: s.store.counters(),
         "batch": lambda s: s.store.batch().__enter__(),
+        "add_ready_listener": lambda s: s.store.add_ready_listener(lambda: None),
+        "ref_tube": lambda s: s.store.ref_tube("default"),
+        "has_tube": lambda s: s.store.has_tube("default"),
         "__len__": lambda s: len(s.store),
     },
     "JobOwner": {
@@ -295,6 +298,7 @@ CALLS: dict[str, dict[str, Call]] = {
         "bury": lambda s: s.me.bury(s.reserved, error="no"),
         "touch": lambda s: s.me.touch(s.reserved),
         "reserved": lambda s: s.me.reserved(),
+        "time_left": lambda s: s.me.time_left(),
     },
 }
 
@@ -306,6 +310,8 @@ STAY_READABLE: dict[str, dict[str, str]] = {
         "fsync": "an option the store was opened with: plain data",
         "snapshot_error": "the last background snapshot's failure: plain data",
         "skipped_snapshots": "what open found: plain data",
+        "remove_ready_listener": "undoing a registration: a server stopping after the store",
+        "unref_tube": "a no-op once closed: a server's connections end after the store",
     },
     "JobOwner": {
         "close": "idempotent (test_close_is_idempotent)",

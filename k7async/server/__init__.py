@@ -7,7 +7,7 @@ or from code: ``await serve(ServerConfig(Path("/var/data/jobs")))``. Every exist
 client works against it; docs/server.md has the compatibility table.
 """
 
-from ._cli import main as main
+from ._main import main as main
 from ._server import Listen as Listen
 from ._server import Server as Server
 from ._server import ServerConfig as ServerConfig

@@ -22,11 +22,13 @@ import pytest
 
 import k7async
 import k7core
+from k7core.beanstalk import ProtocolError
 from k7core.spark import K7DataLossError, K7OptionError
 
 PACKAGES = ("k7core", "k7async")
 ALL_PUBLIC = ["k7core", "k7core.jobs", "k7core.jobs.metrics", "k7core.spark",
-              "k7core.metrics", "k7async"]
+              "k7core.metrics", "k7core.beanstalk", "k7core.beanstalk.protocol", "k7async",
+              "k7async.server", "k7async.server.metrics"]
 
 
 def test_errors_are_grouped() -> None:
@@ -37,7 +39,7 @@ def test_errors_are_grouped() -> None:
         k7core.IntegrityError: [k7core.CorruptFrameError, k7core.CursorError,
                                 k7core.DataLossError, K7DataLossError],
         ValueError: [k7core.CursorError, k7core.InvalidNameError, k7core.MessageTooLargeError,
-                     K7OptionError],
+                     K7OptionError, ProtocolError],
         k7core.DataLossError: [K7DataLossError],
         OSError: [k7core.StorageError],
         RuntimeError: [k7core.ConcurrentUseError],

@@ -14,3 +14,9 @@ from ._server import ServerConfig as ServerConfig
 from ._server import serve as serve
 
 __all__ = ["Listen", "Server", "ServerConfig", "main", "serve"]
+
+# Public objects report this package as their module (as k7core.jobs's do).
+for _value in [globals()[name] for name in __all__]:
+    if getattr(_value, "__module__", "").startswith(__name__ + "."):
+        _value.__module__ = __name__
+del _value

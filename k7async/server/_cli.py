@@ -10,8 +10,8 @@ import click
 
 from k7core.beanstalk import DEFAULT_MAX_JOB_SIZE
 
-from ._main import MAX_JOB_SIZE, check_job_size, configure_logging, run
-from ._server import Listen, ServerConfig
+from ._main import MAX_JOB_SIZE, announce, check_job_size, configure_logging, run
+from ._server import Listen, Server, ServerConfig
 
 
 @click.command("serve")
@@ -46,15 +46,25 @@ def serve_command(
             commit_interval=commit_interval, max_job_size=check_job_size(max_job_size))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    with _metrics(metrics):
+    if metrics is None:
         run(config, backend)
+        return
+    with _metrics_http(metrics):
+        run(config, backend, on_ready=_with_metrics)
+
+
+def _with_metrics(server: Server) -> None:
+    from k7core.jobs.metrics import JobStoreCollector
+
+    from .metrics import ServerCollector
+
+    ServerCollector(server)
+    JobStoreCollector(server.jobs.store)
+    announce(server)
 
 
 @contextlib.contextmanager
-def _metrics(where: str | None) -> Iterator[None]:
-    if where is None:
-        yield
-        return
+def _metrics_http(where: str) -> Iterator[None]:
     from prometheus_client import start_http_server
 
     address = Listen.parse(where, default_port=9108)

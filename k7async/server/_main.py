@@ -10,7 +10,7 @@ import importlib.util
 import logging
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import anyio
@@ -27,7 +27,8 @@ MAX_JOB_SIZE = min(MAX_BODY, MAX_JOB_SIZE_LIMIT)
 journal record)."""
 
 
-def _announce(server: Server) -> None:
+def announce(server: Server) -> None:
+    """Print a line ``listening on ADDRESS`` per address (tools wait for it)."""
     for address in server.addresses:
         print(f"listening on {address}", flush=True)
 
@@ -38,10 +39,11 @@ def _backend_options(backend: str) -> dict[str, object]:
     return {}
 
 
-def run(config: ServerConfig, backend: str = "asyncio") -> None:
+def run(config: ServerConfig, backend: str = "asyncio",
+        on_ready: Callable[[Server], object] = announce) -> None:
     """Run the server in this thread until SIGTERM/SIGINT (asyncio uses uvloop when it is
-    installed)."""
-    anyio.run(lambda: serve(config, on_ready=_announce), backend=backend,
+    installed); ``on_ready`` by default prints where it listens."""
+    anyio.run(lambda: serve(config, on_ready=on_ready), backend=backend,
               backend_options=_backend_options(backend))
 
 

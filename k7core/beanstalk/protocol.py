@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from enum import IntEnum
 from typing import NamedTuple
 
+from .._errors import K7Error
+
 DEFAULT_PORT = 11300
 LINE_MAX = 224
 """A command line's bytes at most, ``\\r\\n`` included (beanstalkd's LINE_BUF_SIZE)."""
@@ -463,8 +465,9 @@ class Reply(NamedTuple):
 _WITH_BODY = {"RESERVED": 1, "FOUND": 1, "OK": 0}  # which word gives the body's size
 
 
-class ProtocolError(ValueError):
-    """The server's bytes are not a beanstalkd reply."""
+class ProtocolError(K7Error, ValueError):
+    """The server's bytes are not a beanstalkd reply (a client talks to something else, or
+    the stream lost its place): close the connection."""
 
 
 class ReplyParser:

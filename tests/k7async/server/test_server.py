@@ -199,3 +199,22 @@ async def test_stop_ends_serve_and_the_store_reopens(tmp_path: Path) -> None:
     assert server.stopped.is_set()
     async with running(tmp_path) as server, connect(server) as c:
         assert (await c.ask(b"peek %s\r\n" % job.args[0].encode())).body == b"kept"
+
+
+async def test_metrics(tmp_path: Path) -> None:
+    from prometheus_client.registry import CollectorRegistry
+
+    from k7async.server.metrics import ServerCollector
+
+    async with running(tmp_path) as server, connect(server) as c:
+        registry = CollectorRegistry()
+        ServerCollector(server, registry=registry)
+        await c.ask(put_command(b"x"))
+        await c.ask(b"reserve-with-timeout 0\r\n")
+        value = registry.get_sample_value
+        assert value("k7_server_connections") == 1
+        assert value("k7_server_connections_total") == 1
+        assert value("k7_server_commands_total", {"command": "put"}) == 1
+        assert value("k7_server_commands_total", {"command": "reserve-with-timeout"}) == 1
+        assert value("k7_server_commands_total", {"command": "delete"}) == 0
+        assert value("k7_server_draining") == 0

@@ -25,7 +25,6 @@ servers' clocks tick apart). The keys, their order and every other value must ma
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -76,11 +75,12 @@ def parse_doc(body: bytes) -> list[tuple[str, str]] | None:
     return out
 
 
-def _same_doc(real: list[tuple[str, str]], ours: list[tuple[str, str]]) -> bool:
+def _same_doc(real: list[tuple[str, str]], ours: list[tuple[str, str]],
+              masked: frozenset[str]) -> bool:
     if [k for k, _ in real] != [k for k, _ in ours]:
         return False
     for (key, a), (_, b) in zip(real, ours, strict=True):
-        if key in MASKED or key.startswith("binlog-"):
+        if key in masked or key.startswith("binlog-"):
             continue
         if key in NEAR and a.lstrip("-").isdigit() and b.lstrip("-").isdigit():
             if abs(int(a) - int(b)) > 1:
@@ -95,7 +95,8 @@ def _split(reply: bytes) -> tuple[bytes, bytes | None]:
     return line, (rest[:-2] if rest else None)
 
 
-def same(real: bytes, ours: bytes, ids: Ids, sent: bytes) -> bool:
+def same(real: bytes, ours: bytes, ids: Ids, sent: bytes, masked: frozenset[str] = MASKED
+         ) -> bool:
     """Whether two replies to ``sent`` match, ids paired (and learnt) and masks applied."""
     line_r, body_r = _split(real)
     line_o, body_o = _split(ours)
@@ -112,7 +113,7 @@ def same(real: bytes, ours: bytes, ids: Ids, sent: bytes) -> bool:
             body_o = body_o.replace(m_o[0], m_r[0], 1)
         doc_r, doc_o = parse_doc(body_r), parse_doc(body_o)
         if doc_r is not None and doc_o is not None and words_r[0] == words_o[0] == b"OK":
-            return _same_doc(doc_r, doc_o)
+            return _same_doc(doc_r, doc_o, masked)
     return (line_r, body_r) == (line_o, body_o)
 
 
@@ -124,6 +125,8 @@ class Diff:
         self.root = root
         self.max_job_size = max_job_size
         self.binlog = binlog
+        # stats-job's file: the number of beanstalkd's binlog file (ours has none)
+        self.masked = MASKED | {"file"} if binlog else MASKED
         self.ids = Ids()
         self.convs: list[Conv] = []
         self.real, self.ours = self._start()
@@ -179,8 +182,9 @@ class Conv:
         self.ours.send(ours)
 
     def _compare(self, real: list[bytes], ours: list[bytes]) -> list[bytes]:
-        if len(real) != len(ours) or not all(
-                same(a, b, self.diff.ids, self.sent) for a, b in zip(real, ours, strict=False)):
+        diff = self.diff
+        if len(real) != len(ours) or not all(same(a, b, diff.ids, self.sent, diff.masked)
+                                             for a, b in zip(real, ours, strict=False)):
             raise Mismatch(f"to {self.sent!r}\n  beanstalkd said {real!r}\n  ours said       "
                            f"{ours!r}")
         return real
@@ -195,6 +199,9 @@ class Conv:
         """Exactly ``n`` replies from each server, compared; beanstalkd's."""
         real = [self._one(self.real) for _ in range(n)]
         ours = [self._one(self.ours) for _ in range(n)]
+        if any(r.startswith(b"<") for r in (*real, *ours)):  # a silent server: never equal
+            raise Mismatch(f"to {self.sent!r}: {n} replies wanted\n  beanstalkd said "
+                           f"{real!r}\n  ours said       {ours!r}")
         return self._compare(real, ours)
 
     def recv_some(self, n: int) -> list[bytes]:
@@ -448,3 +455,457 @@ def test_line(shared: Diff, data: bytes, expect: list[bytes]) -> None:
         assert counted[0] == counted[1], f"{data!r} counted {counted[0]} vs ours {counted[1]}"
     finally:
         conv.close()
+
+
+# --- every command -------------------------------------------------------------------------
+
+
+def test_put_reserve_delete(conv: Conv) -> None:
+    job = conv.put(b"hello", priority=5, ttr=10)
+    conv.check(b"peek %d\r\n", job, expect=b"FOUND %d 5\r\nhello\r\n" % job)
+    conv.doc(b"stats-job %d\r\n", job)
+    assert conv.reserve() == job
+    conv.doc(b"stats-job %d\r\n", job)
+    conv.check(b"delete %d\r\n", job, expect=b"DELETED\r\n")
+    conv.check(b"delete %d\r\n", job, expect=NF)
+    conv.check(b"peek %d\r\n", job, expect=NF)
+    conv.check(b"stats-job %d\r\n", job, expect=NF)
+    conv.check(b"reserve-with-timeout 0\r\n", expect=b"TIMED_OUT\r\n")
+
+
+def test_bodies(conv: Conv) -> None:
+    """Bodies are bytes: empty, NULs, CRLFs that look like commands, the whole byte range."""
+    for body in (b"", b"\x00", b"a\r\nlist-tubes\r\n", bytes(range(256)), b"x" * 65535):
+        job = conv.put(body)
+        conv.check(b"peek %d\r\n", job)
+        assert conv.reserve() == job
+        conv.check(b"delete %d\r\n", job, expect=b"DELETED\r\n")
+    conv.check(b"put 0 0 0 0\r\n\r\n")  # ttr 0 is 1
+    conv.doc(b"stats-job %d\r\n", conv.reserve())
+    conv.check(b"put  1  0  1  1\r\nx\r\n")  # spaces before numbers are skipped
+    conv.check(b"put 4294967295 4294967295 4294967295 1\r\nx\r\n")
+
+
+def test_tubes(conv: Conv, diff: Diff) -> None:
+    conv.check(b"list-tube-used\r\n", expect=b"USING default\r\n")
+    conv.check(b"use foo\r\n", expect=b"USING foo\r\n")
+    conv.check(b"list-tube-used\r\n", expect=b"USING foo\r\n")
+    job = conv.put(b"in foo")
+    conv.check(b"peek-ready\r\n")
+    conv.check(b"watch foo\r\n", expect=b"WATCHING 2\r\n")
+    conv.check(b"watch foo\r\n", expect=b"WATCHING 2\r\n")
+    conv.check(b"list-tubes-watched\r\n")
+    conv.check(b"ignore default\r\n", expect=b"WATCHING 1\r\n")
+    conv.check(b"ignore foo\r\n", expect=b"NOT_IGNORED\r\n")
+    conv.check(b"ignore nosuch\r\n", expect=b"WATCHING 1\r\n")
+    conv.check(b"list-tubes\r\n")
+    conv.doc(b"stats-tube foo\r\n")
+    conv.doc(b"stats-tube default\r\n")
+    assert conv.reserve() == job
+    conv.doc(b"stats-job %d\r\n", job)
+    for name in (b"a", b"b", b"c"):
+        conv.check(b"watch %s\r\n" % name)
+    conv.check(b"ignore foo\r\n")  # the last watched tube takes its place
+    conv.check(b"list-tubes-watched\r\n")
+    conv.check(b"ignore b\r\n")
+    conv.check(b"list-tubes-watched\r\n")
+    conv.check(b"use default\r\n")
+    conv.check(b"list-tubes\r\n")
+    other = diff.conv()
+    other.check(b"watch foo\r\n")
+    other.check(b"use a\r\n")
+    other.doc(b"stats-tube foo\r\n")
+    other.doc(b"stats-tube a\r\n")
+    other.check(b"list-tubes\r\n")
+
+
+def test_priorities(conv: Conv) -> None:
+    """Lowest priority first, then the oldest; urgent is below 1024."""
+    for priority in (5, 1, 4294967295, 0, 1023, 1024, 1, 5, 0):
+        conv.put(b"%d" % priority, priority=priority)
+    conv.doc(b"stats-tube default\r\n")
+    conv.doc(b"stats\r\n")
+    conv.check(b"peek-ready\r\n")
+    for _ in range(9):
+        job = conv.reserve()
+        conv.check(b"delete %d\r\n", job)
+    conv.doc(b"stats-tube default\r\n")
+
+
+def test_peeks(conv: Conv) -> None:
+    for peek in (b"peek-ready", b"peek-delayed", b"peek-buried"):
+        conv.check(peek + b"\r\n", expect=NF)
+    first = conv.put(b"ready 1", priority=10)
+    conv.put(b"ready 2", priority=9)
+    conv.put(b"delayed 1", delay=100)
+    conv.put(b"delayed 2", delay=50)
+    conv.put(b"delayed 3", delay=50)
+    for _ in range(2):
+        conv.check(b"bury %d 7\r\n", conv.reserve())
+    for peek in (b"peek-ready", b"peek-delayed", b"peek-buried"):
+        conv.check(peek + b"\r\n")
+    conv.check(b"peek %d\r\n", first)
+    conv.check(b"use other\r\n")
+    for peek in (b"peek-ready", b"peek-delayed", b"peek-buried"):
+        conv.check(peek + b"\r\n", expect=NF)
+    conv.check(b"peek %d\r\n", first)  # peek by id sees every tube
+
+
+def test_bury_kick(conv: Conv) -> None:
+    """kick kicks buried jobs while there are, else delayed ones."""
+    jobs = [conv.put(b"job %d" % i, priority=100 - i) for i in range(4)]
+    delayed = [conv.put(b"later %d" % i, delay=100 + i) for i in range(3)]
+    for _ in range(3):
+        conv.check(b"bury %d 2000\r\n", conv.reserve(), expect=b"BURIED\r\n")
+    conv.doc(b"stats-tube default\r\n")
+    conv.check(b"kick 1\r\n", expect=b"KICKED 1\r\n")
+    conv.check(b"peek-buried\r\n")
+    conv.check(b"kick 10\r\n", expect=b"KICKED 2\r\n")
+    conv.check(b"kick 2\r\n", expect=b"KICKED 2\r\n")  # now the delayed ones
+    conv.check(b"peek-delayed\r\n")
+    conv.check(b"kick 0\r\n", expect=b"KICKED 0\r\n")
+    conv.check(b"kick 5\r\n", expect=b"KICKED 1\r\n")
+    conv.check(b"kick 5\r\n", expect=b"KICKED 0\r\n")
+    for job in (*jobs, *delayed):
+        conv.doc(b"stats-job %d\r\n", job)
+    # kick-job: buried or delayed jobs only, from any tube
+    buried = conv.reserve()
+    conv.check(b"bury %d 0\r\n", buried)
+    late = conv.put(b"late", delay=100)
+    conv.check(b"use elsewhere\r\n")
+    conv.check(b"kick-job %d\r\n", buried, expect=b"KICKED\r\n")
+    conv.check(b"kick-job %d\r\n", late, expect=b"KICKED\r\n")
+    conv.check(b"kick-job %d\r\n", late, expect=NF)  # ready now
+    held = conv.reserve()
+    conv.check(b"kick-job %d\r\n", held, expect=NF)
+    conv.doc(b"stats-job %d\r\n", buried)
+    conv.doc(b"stats\r\n")
+
+
+def test_release_touch_delete(diff: Diff) -> None:
+    a, b = diff.conv(), diff.conv()
+    job = a.put(b"x", priority=50)
+    other = a.put(b"y", priority=60)
+    a.check(b"release %d 1 0\r\n", job, expect=NF)  # not reserved
+    a.check(b"touch %d\r\n", job, expect=NF)
+    a.check(b"bury %d 1\r\n", job, expect=NF)
+    assert a.reserve() == job
+    for command in (b"delete %d\r\n", b"release %d 1 0\r\n", b"touch %d\r\n", b"bury %d 1\r\n"):
+        b.check(command, job, expect=NF)  # a's reservation
+    b.check(b"peek %d\r\n", job)
+    b.check(b"reserve-job %d\r\n", job, expect=NF)
+    a.check(b"reserve-job %d\r\n", job, expect=NF)
+    a.check(b"touch %d\r\n", job, expect=b"TOUCHED\r\n")
+    a.check(b"release %d 70 0\r\n", job, expect=b"RELEASED\r\n")
+    a.doc(b"stats-job %d\r\n", job)
+    assert a.reserve() == other  # 60 before 70 now
+    a.check(b"release %d 4294967295 0\r\n", other)
+    b.check(b"delete %d\r\n", job, expect=b"DELETED\r\n")  # a ready job: anyone's
+    buried = b.reserve()
+    b.check(b"bury %d 3\r\n", buried)
+    a.check(b"delete %d\r\n", buried, expect=b"DELETED\r\n")
+    late = a.put(b"late", delay=100)
+    b.check(b"delete %d\r\n", late, expect=b"DELETED\r\n")
+    b.doc(b"stats\r\n")
+    b.doc(b"stats-tube default\r\n")
+
+
+def test_reserve_job(diff: Diff) -> None:
+    a, b = diff.conv(), diff.conv()
+    ready = a.put(b"ready")
+    delayed = a.put(b"delayed", delay=100)
+    buried = a.put(b"buried", priority=1)
+    a.check(b"bury %d 9\r\n", a.reserve())
+    a.check(b"use other\r\n")
+    for job in (ready, delayed, buried):
+        b.check(b"reserve-job %d\r\n", job, expect=b"RESERVED %d " % job + _tail(a, job))
+        b.doc(b"stats-job %d\r\n", job)
+        a.check(b"reserve-job %d\r\n", job, expect=NF)
+        b.check(b"reserve-job %d\r\n", job, expect=NF)  # its own reservation too
+    b.doc(b"stats\r\n")
+    b.doc(b"stats-tube default\r\n")
+    b.check(b"release %d 5 0\r\n", delayed)
+    b.check(b"bury %d 5\r\n", buried)
+    b.doc(b"stats-job %d\r\n", buried)
+
+
+def _tail(conv: Conv, job: int) -> bytes:
+    """``<bytes>\\r\\n<body>\\r\\n`` of a job, from a peek (sent to both)."""
+    return conv.check(b"peek %d\r\n", job).split(b" ", 2)[2]
+
+
+# --- time: delays, ttr, pauses ----------------------------------------------------------
+
+
+def test_delays(conv: Conv) -> None:
+    """A delayed job becomes ready by itself: a waiting reserve gets it."""
+    job = conv.put(b"later", delay=1)
+    conv.doc(b"stats-job %d\r\n", job)
+    conv.check(b"peek-delayed\r\n")
+    conv.check(b"peek-ready\r\n", expect=NF)
+    conv.check(b"reserve-with-timeout 0\r\n", expect=b"TIMED_OUT\r\n")
+    assert conv.reserve(b"reserve-with-timeout 5\r\n") == job
+    conv.check(b"release %d 10 1\r\n", job, expect=b"RELEASED\r\n")  # delayed again
+    conv.doc(b"stats-job %d\r\n", job)
+    conv.doc(b"stats-tube default\r\n")
+    assert conv.reserve(b"reserve\r\n") == job  # waits without limit
+    conv.doc(b"stats-job %d\r\n", job)
+    conv.doc(b"stats\r\n")
+
+
+def test_ttr_deadline_soon(diff: Diff) -> None:
+    """TTR 1: the reservation is inside the safety margin at once (DEADLINE_SOON), then
+    runs out: the job is ready again, its timeouts counted."""
+    a, b = diff.conv(), diff.conv()
+    job = a.put(b"quick", ttr=1)
+    assert a.reserve() == job
+    a.check(b"reserve\r\n", expect=b"DEADLINE_SOON\r\n")
+    a.check(b"reserve-with-timeout 0\r\n", expect=b"DEADLINE_SOON\r\n")
+    a.check(b"reserve-with-timeout 5\r\n", expect=b"DEADLINE_SOON\r\n")
+    a.check(b"touch %d\r\n", job, expect=b"TOUCHED\r\n")
+    a.doc(b"stats-job %d\r\n", job)
+    # b waits for a job; a's reservation runs out (a does nothing): b gets the job
+    assert b.reserve(b"reserve-with-timeout 5\r\n") == job
+    b.doc(b"stats-job %d\r\n", job)
+    b.doc(b"stats\r\n")
+    a.check(b"delete %d\r\n", job, expect=NF)
+    b.check(b"delete %d\r\n", job, expect=b"DELETED\r\n")
+
+
+def test_pause_tube(diff: Diff) -> None:
+    a, b = diff.conv(), diff.conv()
+    job = a.put(b"paused")
+    a.check(b"pause-tube default 1\r\n", expect=b"PAUSED\r\n")
+    a.doc(b"stats-tube default\r\n")
+    b.check(b"reserve-with-timeout 0\r\n", expect=b"TIMED_OUT\r\n")
+    b.check(b"peek-ready\r\n")  # peeks see a paused tube's jobs
+    assert b.reserve(b"reserve-with-timeout 5\r\n") == job  # once the pause is over
+    b.check(b"release %d 1 0\r\n", job)
+    a.check(b"pause-tube default 0\r\n", expect=b"PAUSED\r\n")  # 0: over at once
+    a.doc(b"stats-tube default\r\n")
+    assert b.reserve(b"reserve-with-timeout 5\r\n") == job
+    a.check(b"pause-tube nosuch 0\r\n", expect=NF)
+    a.check(b"use other\r\n")
+    a.check(b"pause-tubeother 5\r\n", expect=b"PAUSED\r\n")  # the name follows at once
+    a.doc(b"stats-tube other\r\n")
+    a.doc(b"stats\r\n")
+
+
+# --- connections -------------------------------------------------------------------------
+
+
+def test_pipelining(conv: Conv) -> None:
+    """Many commands in one send, answered in order."""
+    script = (b"put 3 0 60 1\r\na\r\nput 2 0 60 1\r\nb\r\nput 1 0 60 1\r\nc\r\n"
+              b"use t\r\nput 1 0 60 1\r\nd\r\nlist-tube-used\r\nwatch t\r\nreserve\r\n"
+              b"reserve\r\npeek-ready\r\nbogus\r\nstats-tube t\r\nlist-tubes\r\n"
+              b"reserve-with-timeout 0\r\nkick 1\r\nlist-tubes-watched\r\n")
+    conv.send(script)
+    got = conv.recv(16)
+    assert got[:3] == [b"INSERTED 1\r\n", b"INSERTED 2\r\n", b"INSERTED 3\r\n"]
+    assert got[10] == U
+    conv.send(script * 8)
+    conv.recv(16 * 8)
+    conv.doc(b"stats\r\n")
+
+
+def test_byte_by_byte(conv: Conv) -> None:
+    """The same commands, one byte per send."""
+    script = b"put 5 0 60 4\r\nab\r\n\r\nuse x\r\nput 5 0 60 0\r\n\r\npeek-ready\r\nfoo\r\n"
+    for byte in script:
+        conv.send(bytes([byte]))
+    conv.recv(5)
+    conv.doc(b"stats-tube x\r\n")
+
+
+def test_reservations_of_other_connections(diff: Diff) -> None:
+    """A job reserved by one connection is not another's; the reserver's hang-up or quit
+    makes it ready at once (a waiting reserve gets it)."""
+    a, b, c = diff.conv(), diff.conv(), diff.conv()
+    first = a.put(b"first")
+    second = a.put(b"second")
+    assert a.reserve() == first
+    assert a.reserve() == second
+    for command in (b"delete %d\r\n", b"release %d 1 0\r\n", b"touch %d\r\n", b"bury %d 1\r\n",
+                    b"kick-job %d\r\n", b"reserve-job %d\r\n"):
+        b.check(command, first, expect=NF)
+    b.doc(b"stats-job %d\r\n", first)
+    b.check(b"reserve-with-timeout 0\r\n", expect=b"TIMED_OUT\r\n")
+    a.close()  # the hang-up: b's waiting reserve gets a's jobs, in their order
+    assert b.reserve(b"reserve-with-timeout 5\r\n") == first
+    c.check(b"watch default\r\n")
+    job = c.reserve(b"reserve-with-timeout 5\r\n")
+    assert job == second
+    c.send(b"list-tube-used\r\nquit\r\nlist-tube-used\r\n")  # nothing after a quit
+    assert c.recv(1) == [b"USING default\r\n"]
+    c.closed()
+    b.doc(b"stats-job %d\r\n", first)
+    assert b.reserve(b"reserve-with-timeout 5\r\n") == second
+    b.doc(b"stats-job %d\r\n", second)
+
+
+def test_quit(diff: Diff) -> None:
+    for line in (b"quit\r\n", b"quitx\r\n", b"quit 1\r\n"):
+        conv = diff.conv()
+        conv.send(line)
+        conv.closed()
+    conv = diff.conv()
+    conv.doc(b"stats\r\n")
+
+
+def test_stats_documents(diff: Diff) -> None:
+    """Whole stats, stats-tube and stats-job documents after a little of everything on
+    two connections."""
+    a, b = diff.conv(), diff.conv()
+    a.check(b"use jobs\r\n")
+    b.check(b"watch jobs\r\n")
+    jobs = [a.put(b"job %d" % i, priority=1000 + i * 20) for i in range(5)]
+    late = a.put(b"late", delay=60, ttr=5)
+    b.check(b"bury %d 7\r\n", b.reserve())
+    held = b.reserve()
+    b.check(b"release %d 9 0\r\n", b.reserve())
+    a.check(b"delete %d\r\n", jobs[-1])
+    a.check(b"put 1 0 1 1 x\r\n")  # counted, refused
+    for conv in (a, b):
+        conv.doc(b"stats\r\n")
+        for tube in (b"jobs", b"default"):
+            conv.doc(b"stats-tube %s\r\n" % tube)
+        for job in (*jobs[:-1], late, held):
+            conv.doc(b"stats-job %d\r\n", job)
+
+
+def test_list_tubes_order(conv: Conv, diff: Diff) -> None:
+    """list-tubes in beanstalkd's order: a freed tube's place goes to the last one."""
+    for name in (b"a", b"b", b"c", b"d", b"e"):
+        conv.check(b"watch %s\r\n" % name)
+    conv.check(b"list-tubes\r\n")
+    conv.check(b"ignore b\r\n")
+    conv.check(b"list-tubes\r\n")
+    conv.check(b"use q\r\n")
+    conv.put(b"keeps q")
+    conv.check(b"use a\r\n")  # q holds a job: it stays
+    conv.check(b"ignore a\r\n")
+    conv.check(b"list-tubes\r\n")
+    conv.check(b"use default\r\n")  # a goes now
+    conv.check(b"list-tubes\r\n")
+    conv.check(b"list-tubes-watched\r\n")
+    conv.check(b"watch b\r\n")
+    conv.check(b"list-tubes\r\n")
+    conv.doc(b"stats\r\n")
+
+
+# --- bodies and lines --------------------------------------------------------------------
+
+
+def test_job_too_big(make_diff: MakeDiff) -> None:
+    """-z 10: a bigger body is read whole (commands in it included), then JOB_TOO_BIG."""
+    conv = make_diff(max_job_size=10).conv()
+    conv.check(b"put 1 0 1 10\r\n0123456789\r\n")
+    conv.check(b"put 1 0 1 11\r\nlist-tube\r\n\r\n", expect=b"JOB_TOO_BIG\r\n")
+    conv.check(b"put 1 0 1 2000 garbage\r\n" + b"stats\r\n" * 286, expect=b"JOB_TOO_BIG\r\n")
+    conv.send(b"put 1 0 1 30\r\n" + b"list-tube-used\r\n")  # 16 of 32 bytes
+    assert conv.recv_some(1) == []
+    conv.send(b"x" * 16 + b"list-tube-used\r\n")
+    assert conv.recv(2) == [b"JOB_TOO_BIG\r\n", b"USING default\r\n"]
+    conv.doc(b"stats\r\n")
+
+
+def test_expected_crlf(conv: Conv) -> None:
+    conv.send(b"put 1 0 1 3\r\nabcde")
+    assert conv.recv(1) == [b"EXPECTED_CRLF\r\n"]
+    conv.check(b"list-tube-used\r\n")
+    conv.send(b"put 1 0 1 3\r\nabc\n\r\n")  # the body's last two bytes are "\n\r"
+    assert conv.recv(1) == [b"EXPECTED_CRLF\r\n"]
+    conv.check(b"stats\r\n", expect=U)  # the line is "\nstats"
+    conv.doc(b"stats\r\n")
+
+
+def test_line_limit(conv: Conv) -> None:
+    """224 bytes with the CRLF is the longest line; a longer one is dropped up to its end
+    (BAD_FORMAT) and the next command is answered."""
+    job = conv.put(b"x")
+    padded = b"peek" + b" " * 217 + b"%d\r\n"
+    assert len(padded % job) == 224
+    conv.check(padded, job)
+    conv.send(b"peek" + b" " * 219 + b"%d\r\nlist-tube-used\r\n", job)  # 226 bytes
+    assert conv.recv(2) == [B, b"USING default\r\n"]
+    conv.send(b"x" * 5000 + b"\r\nlist-tube-used\r\n")
+    assert conv.recv(2) == [B, b"USING default\r\n"]
+    # the CRLF split by the 224th byte: the "\r" goes with the dropped bytes
+    conv.send(b"y" * 223 + b"\r\nlist-tube-used\r\nlist-tubes-watched\r\n")
+    conv.recv_some(3)
+    conv.send(b"list-tube-used\r\n")
+    conv.recv_some(2)
+
+
+def test_lone_cr(conv: Conv) -> None:
+    """The first "\\r" ends a line only when "\\n" follows it: until then the line waits
+    for more, up to 224 bytes."""
+    conv.send(b"list-tube-used\rX\r\nlist-tube-used\r\n")
+    assert conv.recv_some(1) == []
+    conv.send(b"z" * 200 + b"\r\nlist-tube-used\r\n")
+    conv.recv_some(4)
+    conv.send(b"list-tubes\n\r\n")
+    conv.recv_some(2)
+    conv.send(b"\n\r\nlist-tube-used\r\n")
+    conv.recv_some(3)
+
+
+# --- restart -----------------------------------------------------------------------------
+
+
+def test_restart(make_diff: MakeDiff) -> None:
+    """With -b, jobs in every state come back after a restart; the reserved one ready."""
+    diff = make_diff(binlog=True)
+    conv = diff.conv()
+    conv.check(b"use kept\r\n")
+    conv.check(b"watch kept\r\n")
+    ready = conv.put(b"ready", priority=5)
+    reserved = conv.put(b"reserved", priority=1, ttr=100)
+    buried = conv.put(b"buried", priority=2)
+    delayed = conv.put(b"delayed", priority=3, delay=300)
+    gone = conv.put(b"deleted", priority=4)
+    conv.check(b"use other\r\n")
+    conv.put(b"other tube")
+    assert conv.reserve() == reserved
+    assert conv.reserve() == buried
+    conv.check(b"bury %d 20\r\n", buried)
+    conv.check(b"delete %d\r\n", gone)
+    # (no release without a delay: beanstalkd's binlog does not record it, and its
+    # priority and release count come back as they were before; ours keeps them)
+    assert conv.reserve() == ready
+    diff.restart()
+    # beanstalkd brings a job's counters back as its last binlog record had them (reserves,
+    # kicks and releases without a delay write none; a buried record replayed counts its
+    # bury again): not a behaviour to copy, so they are not compared after the restart
+    diff.masked |= {"reserves", "timeouts", "releases", "buries", "kicks"}
+    conv = diff.conv()
+    for job in (ready, reserved, buried, delayed):
+        conv.check(b"peek %d\r\n", job)
+        conv.doc(b"stats-job %d\r\n", job)
+    conv.check(b"peek %d\r\n", gone, expect=NF)
+    conv.check(b"use kept\r\n")
+    for peek in (b"peek-ready", b"peek-delayed", b"peek-buried"):
+        conv.check(peek + b"\r\n")
+    conv.doc(b"stats-tube kept\r\n")
+    conv.doc(b"stats-tube other\r\n")
+    conv.check(b"watch kept\r\n")
+    assert conv.reserve() == reserved
+    conv.check(b"kick 5\r\n", expect=b"KICKED 1\r\n")
+    assert conv.reserve() == ready
+    assert conv.reserve() == buried  # priority 20 now
+
+
+@pytest.mark.xfail(strict=True, reason="ours lists the tubes of the journal before default: "
+                   "the store loads them before _server refs default (not fixable in "
+                   "_session/protocol)")
+def test_restart_list_tubes(make_diff: MakeDiff) -> None:
+    """After a restart beanstalkd lists default first, then the tubes in the order the
+    binlog brings them back."""
+    diff = make_diff(binlog=True)
+    conv = diff.conv()
+    for name in (b"kept", b"other"):
+        conv.check(b"use %s\r\n" % name)
+        conv.put(name)
+    diff.restart()
+    diff.conv().check(b"list-tubes\r\n", expect=b"OK 29\r\n---\n- default\n- kept\n- other\n\r\n")

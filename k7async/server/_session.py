@@ -309,7 +309,8 @@ class Session:
     def _pause_tube(self, r: Request) -> bytes:
         if not self.store.has_tube(r.name):
             return wire.NOT_FOUND
-        self.store.pause_tube(r.name, r.delay)
+        # beanstalkd pauses for 1 ns when asked for 0 (stats: pause 0); the store's 0 is 1 s
+        self.store.pause_tube(r.name, r.delay or 1e-9)
         return wire.PAUSED
 
     # --- the end ---------------------------------------------------------------------------

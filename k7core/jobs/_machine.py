@@ -325,6 +325,10 @@ class JobMachine:
         return t
 
     def _list(self, name: str) -> None:
+        if name == "default" and self._order:  # beanstalkd makes it first and keeps it
+            self._order.insert(0, name)
+            self._where = {n: i for i, n in enumerate(self._order)}
+            return
         self._where[name] = len(self._order)
         self._order.append(name)
 
@@ -1186,7 +1190,8 @@ class JobMachine:
             heapq.heapify(t.ready)
             heapq.heapify(t.delayed)
         heapq.heapify(self._delayed)
-        self._order = [name for name in self._tubes if name not in self._idle]
+        self._order = sorted((name for name in self._tubes if name not in self._idle),
+                             key=lambda name: name != "default")  # default first (_list)
         self._where = {name: i for i, name in enumerate(self._order)}
         waiting, self._loading = self._loading or [], None
         jobs = self._jobs

@@ -896,9 +896,6 @@ def test_restart(make_diff: MakeDiff) -> None:
     assert conv.reserve() == buried  # priority 20 now
 
 
-@pytest.mark.xfail(strict=True, reason="ours lists the tubes of the journal before default: "
-                   "the store loads them before _server refs default (not fixable in "
-                   "_session/protocol)")
 def test_restart_list_tubes(make_diff: MakeDiff) -> None:
     """After a restart beanstalkd lists default first, then the tubes in the order the
     binlog brings them back."""

@@ -1,0 +1,160 @@
+"""The server as a child process, for the tests that talk to it over real sockets (not a
+test module).
+
+:class:`ServerProcess` runs ``k7 serve DIR --listen 127.0.0.1:0`` (or ``k7-beanstalkd``
+with its flags) and learns where it listens from its ``listening on`` line: no fixed port, no
+sleep. Every wait is bounded by ``DEADLINE``; a server that does not come up fails the test
+with its stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+#: Longest wait for the server's line, or for its exit.
+DEADLINE = 30.0
+
+SCRIPTS = Path(sysconfig.get_path("scripts"))
+K7 = str(SCRIPTS / "k7")
+K7_BEANSTALKD = str(SCRIPTS / "k7-beanstalkd")
+
+
+class ServerProcess:
+    """A running server: ``address`` is ``(host, port)`` or a Unix socket's path. Leaving the
+    ``with`` block SIGKILLs it if it still runs."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = argv
+        self.err = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=self.err)
+        assert self.proc.stdout is not None
+        self._out = self.proc.stdout
+        try:
+            where = self._line().removeprefix("listening on ")
+        except BaseException:
+            self.close()
+            raise
+        self.address: tuple[str, int] | str
+        if where.startswith("unix:"):
+            self.address = where[5:]
+        else:
+            host, _, port = where.rpartition(":")
+            self.address = (host.strip("[]"), int(port))
+
+    @classmethod
+    def serve(cls, directory: Path, *options: str, fsync: str = "flush") -> ServerProcess:
+        """``k7 serve DIRECTORY --listen 127.0.0.1:0 --fsync FSYNC OPTIONS...``."""
+        return cls([K7, "serve", str(directory), "--listen", "127.0.0.1:0", "--fsync", fsync,
+                    *options])
+
+    @classmethod
+    def beanstalkd(cls, *flags: str) -> ServerProcess:
+        """``k7-beanstalkd FLAGS...`` (give ``-p 0`` or ``-l unix:PATH``)."""
+        return cls([K7_BEANSTALKD, *flags])
+
+    def stderr(self) -> str:
+        self.err.seek(0)
+        return self.err.read().decode(errors="replace")
+
+    def _line(self) -> str:
+        """The first line on stdout; fails (with stderr) at EOF or past ``DEADLINE``."""
+        buf = b""
+        deadline = time.monotonic() + DEADLINE
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            chunk = b""
+            if left > 0 and select.select([self._out], [], [], left)[0]:
+                chunk = os.read(self._out.fileno(), 4096)
+            if not chunk:
+                self.proc.kill()
+                raise AssertionError(f"{self.argv} did not say where it listens "
+                                     f"(rc={self.proc.wait()}, out={buf!r}):\n{self.stderr()}")
+            buf += chunk
+        return buf.split(b"\n", 1)[0].decode()
+
+    def connect(self) -> socket.socket:
+        """A new client socket to the server."""
+        if isinstance(self.address, str):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(self.address)
+        else:
+            sock = socket.create_connection(self.address)
+        sock.settimeout(DEADLINE)
+        return sock
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def stop(self) -> int:
+        """SIGTERM, then the exit status."""
+        self.signal(signal.SIGTERM)
+        return self.proc.wait(timeout=DEADLINE)
+
+    def kill(self) -> None:
+        """SIGKILL, and reap."""
+        self.proc.kill()
+        self.proc.wait(timeout=DEADLINE)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+        self._out.close()
+        self.err.close()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class Wire:
+    """A raw beanstalkd connection: send a command, read its reply line and body."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buf = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def line(self) -> bytes:
+        """The next reply line, without CRLF; ConnectionError at EOF."""
+        while b"\r\n" not in self._buf:
+            self._fill()
+        line, self._buf = self._buf.split(b"\r\n", 1)
+        return line
+
+    def body(self, size: int) -> bytes:
+        while len(self._buf) < size + 2:
+            self._fill()
+        data, self._buf = self._buf[:size], self._buf[size + 2:]
+        return data
+
+    def reply(self) -> tuple[bytes, bytes | None]:
+        """The next reply: its line, and its body for FOUND, RESERVED and OK."""
+        line = self.line()
+        words = line.split()
+        if words and words[0] in (b"FOUND", b"RESERVED", b"OK"):
+            return line, self.body(int(words[-1]))
+        return line, None
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionResetError("the server closed the connection")
+        self._buf += chunk
+
+    def close(self) -> None:
+        self.sock.close()

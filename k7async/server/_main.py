@@ -59,6 +59,12 @@ def configure_logging(verbosity: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"port {text!r} is not a number in 0..65535")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="k7-beanstalkd", add_help=False,
@@ -73,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="never msync (each reply waits for the job to be written only)")
     p.add_argument("-l", dest="address", default="0.0.0.0", metavar="ADDR",
                    help="listen on ADDR (or unix:PATH); default 0.0.0.0")
-    p.add_argument("-p", dest="port", type=int, default=DEFAULT_PORT, metavar="PORT",
+    p.add_argument("-p", dest="port", type=_port, default=DEFAULT_PORT, metavar="PORT",
                    help=f"listen on PORT (default {DEFAULT_PORT}; 0: any free port)")
     p.add_argument("-z", dest="max_job_size", type=int, default=DEFAULT_MAX_JOB_SIZE,
                    metavar="BYTES", help=f"largest job body (default {DEFAULT_MAX_JOB_SIZE})")
@@ -92,10 +98,16 @@ def _become(user: str) -> None:
     import os
     import pwd
 
-    entry = pwd.getpwnam(user)
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        sys.exit(f"k7-beanstalkd: no such user: {user}")
     if os.getuid() != entry.pw_uid:
-        os.setgid(entry.pw_gid)
-        os.setuid(entry.pw_uid)
+        try:
+            os.setgid(entry.pw_gid)
+            os.setuid(entry.pw_uid)
+        except OSError as exc:
+            sys.exit(f"k7-beanstalkd: cannot become {user}: {exc.strerror}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -109,7 +121,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         address = Listen.parse(args.address, default_port=args.port)
         if not args.address.startswith("unix:") and args.address.count(":") != 1:
             address = Listen(host=address.host, port=args.port)
-        max_job_size = check_job_size(args.max_job_size)
+        if args.max_job_size > MAX_JOB_SIZE:  # as beanstalkd does past its own limit
+            print(f"k7-beanstalkd: maximum job size was set to {MAX_JOB_SIZE}",
+                  file=sys.stderr)
+        max_job_size = check_job_size(min(args.max_job_size, MAX_JOB_SIZE))
     except ValueError as exc:
         sys.exit(f"k7-beanstalkd: {exc}")
     if args.never_fsync:
@@ -130,4 +145,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         except K7Error as exc:
             sys.exit(f"k7-beanstalkd: {exc}")
         except OSError as exc:
+            if exc.filename is not None:  # the job store's directory (-b), a socket's path
+                sys.exit(f"k7-beanstalkd: {exc.filename}: {exc.strerror}")
             sys.exit(f"k7-beanstalkd: cannot listen on {args.address}: {exc}")

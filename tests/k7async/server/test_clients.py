@@ -186,12 +186,27 @@ def test_k7_beanstalkd_version() -> None:
 @pytest.mark.parametrize(("flags", "says"), [
     (("-Q",), "-Q"),
     (("-p", "port"), "-p"),
+    (("-p", "99999"), "-p"),
     (("-l", "unix:"), "unix:"),
+    (("-u", "no-such-user-k7"), "no-such-user-k7"),
+    (("-b", __file__), __file__),  # not a directory
 ])
 def test_k7_beanstalkd_bad_flag(flags: tuple[str, ...], says: str) -> None:
     done = run_beanstalkd(*flags)
     assert done.returncode != 0
     assert says in done.stderr and not done.stdout, done
+    assert "Traceback" not in done.stderr and "listen" not in done.stderr, done.stderr
+
+
+def test_k7_beanstalkd_caps_the_job_size_as_beanstalkd_does() -> None:
+    with ServerProcess.beanstalkd("-l", "127.0.0.1", "-p", "0", "-z", "2000000000") as server, \
+            greenstalk.Client(server.address) as c:
+        limit = c.stats()["max-job-size"]
+        assert 0 < limit < 2_000_000_000
+        assert c.put("x" * limit) > 0
+        with pytest.raises(greenstalk.JobTooBigError):
+            c.put("x" * (limit + 1))
+        assert f"maximum job size was set to {limit}" in server.stderr()
 
 
 def test_greenstalk_example() -> None:

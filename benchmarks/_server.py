@@ -413,7 +413,7 @@ def _case(server: Server, name: str, procs: int, prefill: int,
                 shutil.rmtree(data.parent, ignore_errors=True)
             jobs = sum(r.jobs for r in results)
             samples: Samples = {name: ("jobs/s", rate(results)),
-                                f"{name} (server CPU per job)": ("µs", cpu / jobs * 1e6)}
+                                f"{name} (server CPU per job)": ("us", cpu / jobs * 1e6)}
             if extra is not None:
                 samples.update(extra(results))
             return samples
@@ -439,8 +439,8 @@ def _spread(port: int, s: Sizes) -> list[Load]:
 def _latency(name: str) -> Callable[[list[Result]], Samples]:
     def extra(results: list[Result]) -> Samples:
         lat = list(results[0].latencies)
-        return {f"{name} p50": ("µs", percentile(lat, 0.5)),
-                f"{name} p99": ("µs", percentile(lat, 0.99))}
+        return {f"{name} p50": ("us", percentile(lat, 0.5)),
+                f"{name} p99": ("us", percentile(lat, 0.99))}
     return extra
 
 

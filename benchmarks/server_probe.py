@@ -8,8 +8,8 @@ follow by thread id).
         [--procs 4] [--seconds 5] [--cprofile FILE.prof] [--perf FILE.data]
 
 cProfile sees the main thread only (the event loop side: parsing, anyio, the hand-over to
-the owner thread); ``perf record`` (``perf report -i FILE --sort tid,dso,sym``) sees every
-thread at the C level.
+the owner thread); ``perf record`` sees every thread at the C level (``perf report -i FILE
+--sort pid,dso,sym``: pid is the thread).
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ missing ones are skipped with a note. ``--list`` prints the selected case names 
 Cases: ``_k7`` (single calls: enqueue, poll, round trips, 64 KiB, baselines), ``_scenarios``
 (four groups, sustained runs in one and two processes, peak RSS), ``_async`` (k7async
 bridges), ``_peers``, ``_jobs`` (issue 14: the job store against litequeue, persist-queue,
-huey and beanstalkd, 100-byte bodies; every name starts with ``jobs``, so ``--only jobs``).
+huey and beanstalkd, 100-byte bodies; every name starts with ``jobs``, so ``--only jobs``),
+``_server`` (our beanstalkd server against beanstalkd 1.12, the same client processes for
+both; ``--only server``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import traceback
 from datetime import date
 from pathlib import Path
 
-from . import _async, _jobs, _k7, _peers, _scenarios
+from . import _async, _jobs, _k7, _peers, _scenarios, _server
 from ._harness import (
     Case,
     Record,
@@ -62,7 +64,8 @@ GROUP_ORDER = {"k7": 0, "baseline": 1, "peer": 2}
 
 def build_cases(quick: bool, peers: bool) -> tuple[list[Case], list[Skipped]]:
     """Every case of a quick or full run: k7 first, then baselines, then peers, then the
-    cases marked ``late`` (the peak-RSS case, which writes gigabytes)."""
+    servers (``_server``), then the cases marked ``late`` (the peak-RSS case, which writes
+    gigabytes)."""
     cases = _k7.cases(_k7.QUICK if quick else _k7.FULL)
     cases += _scenarios.cases(_scenarios.QUICK if quick else _scenarios.FULL)
     cases += _async.cases(_async.QUICK if quick else _async.FULL)
@@ -72,7 +75,12 @@ def build_cases(quick: bool, peers: bool) -> tuple[list[Case], list[Skipped]]:
         peer_cases, peer_skipped = _peers.cases(*((1_000, 100) if quick else (5_000, 500)))
         cases += peer_cases
         skipped += peer_skipped
-    cases.sort(key=lambda c: (c.late, GROUP_ORDER.get(c.group, len(GROUP_ORDER))))
+    cases.sort(key=lambda c: GROUP_ORDER.get(c.group, len(GROUP_ORDER)))
+    # The servers (ours and beanstalkd) one load after the other, in their own order.
+    server_cases, server_skipped = _server.cases(_server.QUICK if quick else _server.FULL, peers)
+    cases += server_cases
+    skipped += server_skipped
+    cases.sort(key=lambda c: c.late)
     return cases, skipped
 
 

@@ -1,7 +1,8 @@
-"""Issue 4's and issue 14's targets checked against the records of one run: ``python -m
-benchmarks.targets FILE.json`` prints a Markdown table (target, measured, met or missed), then
-a second one: the job store's ratio to each job-queue peer of the same run (issue 14 asks for
-the ratios; they have no floor).
+"""Issue 4's and issue 14's targets and the beanstalkd server's, checked against the records
+of one run: ``python -m benchmarks.targets FILE.json`` prints a Markdown table (target,
+measured, met or missed), then a second one: the job store's ratio to each job-queue peer of
+the same run (issue 14 asks for the ratios; they have no floor), then a third: our server
+against beanstalkd 1.12, load by load (``_server``).
 
 Every figure comes from the JSON that ``python -m benchmarks --json FILE.json`` wrote, so a
 ratio always compares two figures of the same run. A record missing from the file (a
@@ -26,6 +27,18 @@ from ._jobs import (
     PRODUCERS,
     RAM_BEYOND_BODY,
     k7_reopen_name,
+)
+from ._server import (
+    BEANSTALKD,
+    BEANSTALKD_F0,
+    FULL,
+    K7_FLUSH,
+    K7_SYNC,
+    conns_name,
+    latency_name,
+    pipelined_name,
+    put_name,
+    take_name,
 )
 
 Values = dict[str, float]
@@ -166,6 +179,58 @@ TARGETS = [
 ]
 
 
+# The beanstalkd server: each load of the full run, ours against beanstalkd 1.12 (same
+# clients): (what, our record, beanstalkd's record). The issue's floors: "flush" >= 0.5 x
+# beanstalkd -b; "sync" (group commit) >= 3 x beanstalkd -b -f 0 on durable puts.
+_P, _D, _C = FULL.procs, FULL.depth, FULL.conns
+SERVER_LOADS: list[tuple[str, Callable[[str], str]]] = [
+    (f"puts, {_P} clients", lambda s: put_name(s, _P)),
+    (f"puts pipelined {_D}, {_P} clients", lambda s: pipelined_name(s, _P, _D)),
+    (f"reserve+delete, {_P} clients", lambda s: take_name(s, _P)),
+    (f"reserve+delete pipelined {_D}, {_P} clients", lambda s: take_name(s, _P, _D)),
+    ("puts, 1 client", latency_name),
+]
+SERVER_DURABLE_LOADS: list[tuple[str, Callable[[str], str]]] = [
+    *SERVER_LOADS[:2], (f"puts, {_C} connections", lambda s: conns_name(s, _C))]
+TARGETS += [
+    *[Target(f"server: `flush` ≥ 0.5 x beanstalkd -b, {what}",
+             _ratio(name(K7_FLUSH.name), name(BEANSTALKD.name), 0.5))
+      for what, name in SERVER_LOADS[:4]],
+    *[Target(f"server: `sync` ≥ 3 x beanstalkd -b -f 0, durable {what}",
+             _ratio(name(K7_SYNC.name), name(BEANSTALKD_F0.name), 3))
+      for what, name in SERVER_DURABLE_LOADS],
+]
+
+
+def server_ratios(records: list[dict[str, Any]]) -> str:
+    """Our server against beanstalkd, like for like (flush against -b, sync against -f 0):
+    jobs/s, the server's CPU per job and, for one client, put latency (lower is better)."""
+    v = {str(r["name"]): float(r["value"]) for r in records}
+    rows = ["| load | ours | beanstalkd | ours / beanstalkd |", "|---|---|---|---|"]
+    pairs = ((K7_FLUSH, BEANSTALKD, SERVER_LOADS), (K7_SYNC, BEANSTALKD_F0, SERVER_LOADS +
+                                                    SERVER_DURABLE_LOADS[2:]))
+    for ours, theirs, loads in pairs:
+        for what, name in loads:
+            a, b = name(ours.name), name(theirs.name)
+            label = f"{what}: {ours.name} / {theirs.name}"
+            if a not in v or b not in v:
+                rows.append(f"| {label} | not in this run | | — |")
+                continue
+            cpu = f"{a} (server CPU per job)"
+            rows.append(f"| {label} | {_fmt(v[a])} jobs/s | {_fmt(v[b])} jobs/s "
+                        f"| {v[a] / v[b]:.2f} x |")
+            rows.append(f"| {label}, server CPU per job (lower is better) | {_fmt(v[cpu])} µs "
+                        f"| {_fmt(v[f'{b} (server CPU per job)'])} µs "
+                        f"| {v[cpu] / v[f'{b} (server CPU per job)']:.2f} x |")
+            if name is latency_name:
+                for q in ("p50", "p99"):
+                    rows.append(f"| put latency {q}, 1 client: {ours.name} / {theirs.name} "
+                                f"(lower is better) | {_fmt(v[f'{a} {q}'])} µs "
+                                f"| {_fmt(v[f'{b} {q}'])} µs "
+                                f"| {v[f'{a} {q}'] / v[f'{b} {q}']:.2f} x |")
+    return "\n".join(rows) + "\n"
+
+
 # The job store against each job-queue peer of the run: (ours, the peer records' suffix,
 # what is compared). Peer records are "jobs peer <name><suffix>".
 JOB_RATIOS = [
@@ -230,6 +295,8 @@ def main() -> None:
     print(table(records), end="")
     print()
     print(job_ratios(records), end="")
+    print()
+    print(server_ratios(records), end="")
 
 
 if __name__ == "__main__":

@@ -66,6 +66,9 @@ def test_quick_every_case_runs(tmp_path: Path) -> None:
     expected_cases += ["jobs k7 JobStore [flush]", "jobs k7 JobStore [sync], 100 producers",
                        "jobs k7 JobStore [sync], 100 asyncio tasks",
                        "jobs k7 reopen 100,000 live jobs", "jobs k7 RAM per live job"]
+    expected_cases += ["server k7 flush put,", "server k7 sync put pipelined",
+                       "server k7 flush reserve+delete", "server k7 sync put latency",
+                       "server k7 sync put, 8 connections"]
     for expected in expected_cases:
         assert any(expected in c for c in cases), expected
     out = tmp_path / "bench.json"
@@ -79,16 +82,18 @@ def test_quick_every_case_runs(tmp_path: Path) -> None:
     assert claimed == set(names), set(names) - claimed
     # The targets table reads this run's records: all there but the peer ratios (no peers)
     # and three full-run cases (trio's awaited enqueue, the 4 GiB RSS flow, reopening 1M
-    # jobs), and the job store's while it is not built. Then the job-store ratio table.
+    # jobs), and the job store's while it is not built; the server's compare with beanstalkd
+    # (a peer) at the full run's sizes. Then the job-store and the server ratio tables.
     proc = subprocess.run([sys.executable, "-m", "benchmarks.targets", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    targets_text, ratios_text = proc.stdout.split("\n\n")
+    targets_text, ratios_text, server_text = proc.stdout.split("\n\n")
     rows = [ln for ln in targets_text.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
     from benchmarks.targets import TARGETS
 
     assert len(rows) == len(TARGETS)
     missing = [r for r in rows if "not in this run" in r]
-    full_only = ["peer", "(trio)", "over 4 GB", "1M live jobs"]
+    full_only = ["peer", "(trio)", "over 4 GB", "1M live jobs", "server: "]
     assert missing and all(any(f in r for f in full_only) for r in missing), missing
     assert ratios_text.startswith("| job store vs peer |"), ratios_text
+    assert server_text.startswith("| load | ours | beanstalkd |"), server_text

@@ -110,10 +110,6 @@ def _seconds(value: float) -> str:
     return f"{micros // 1_000_000}.{micros % 1_000_000:06d}"
 
 
-def _job_body(job: Job) -> bytes:
-    return job.body
-
-
 class Session:
     """One connection: the tube it uses, the tubes it watches (beanstalkd's order: an
     ignored tube's place goes to the last one), its reservations (a :class:`JobOwner`).

@@ -24,6 +24,7 @@ reservations are released when it goes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import socket
@@ -94,10 +95,8 @@ class Driver:
         loop = self.loop
 
         def notify(command: Command[JobStore, list[object]]) -> None:
-            try:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to answer
                 loop.call_soon_threadsafe(self._deliver, items, command)
-            except RuntimeError:  # the loop is closed: nobody is left to answer
-                pass
 
         try:
             self.jobs.submit(lambda store: _run_many(items), notify)
@@ -179,13 +178,11 @@ class BeanstalkProtocol(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # (uvloop's: not a subclass)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            try:
+            with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
         driver = self.driver
         if driver.stopping:
-            transport.abort()
+            self.transport.abort()
             return
         driver.connections.add(self)
         state = driver.state

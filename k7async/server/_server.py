@@ -1,7 +1,10 @@
 """The beanstalkd server's event loop side: listeners, one task per connection, reserves
 that wait, signals.
 
-A connection task parses what it receives (``k7core.beanstalk``), hands each run of
+Under asyncio the connections are protocols (``_protocol``: inline runs unless ``"sync"``,
+one hand-over to the owner thread per loop iteration under it). Under trio, or with
+``K7_SERVER_DRIVER=streams``, a connection is a task over anyio streams: it parses what it
+receives (``k7core.beanstalk``), hands each run of
 requests to the job store's owner thread (``AsyncJobStore.run``: under ``"sync"`` the runs of
 every connection at that moment share one msync) and sends the replies once they are
 stored. A reserve that finds no job waits here, in the event loop, with no thread of its

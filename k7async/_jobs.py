@@ -49,11 +49,34 @@ class _Puts(Gather[JobStore, "int | BaseException"]):
         return out
 
 
+class _Notified(Call[JobStore, Any]):
+    """A call answered by a callback on the owner thread once what it stored is durable
+    (:meth:`AsyncJobStore.submit`), not through a round: for callers that are not tasks
+    (a protocol's callbacks), which post the answer to their loop themselves."""
+
+    __slots__ = ("notify",)
+
+    def __init__(self, fn: Callable[[JobStore], Any],
+                 notify: Callable[[Command[JobStore, Any]], object]) -> None:
+        super().__init__(fn)
+        self.notify = notify
+
+
 def _in_one_batch(store: JobStore, commands: list[Command[JobStore, Any]]) -> list[Any]:
     """The batch hook: every pending call in one ``JobStore.batch()`` (one msync wait)."""
-    with store.batch():
+    try:
+        with store.batch():
+            for command in commands:
+                command.run(store)
+    except BaseException as exc:  # the msync failed: nothing of the batch is durable
         for command in commands:
-            command.run(store)
+            if type(command) is _Notified:
+                command.set_error(exc)
+                command.notify(command)
+        raise
+    for command in commands:
+        if type(command) is _Notified:
+            command.notify(command)
     return []
 
 
@@ -81,6 +104,15 @@ class AsyncJobStore:
         cancelled while it waits gets the cancellation at once; the call was handed over and
         still runs (only its result is lost), as with ``AsyncQueue.enqueue``."""
         return await self._owner.call(Call(fn), precheck=False)
+
+    def submit(self, fn: Callable[[JobStore], T],
+               notify: Callable[[Command[JobStore, T]], object]) -> None:
+        """Run ``fn(store)`` on the owner thread, with the other calls of the moment, and
+        call ``notify(command)`` on that thread once what it stored is durable
+        (``command.result()`` is ``fn``'s result or raises its error). For code that is not
+        a task (``notify`` posts to its loop); never blocks. Raises ClosedError once the
+        store is closing."""
+        self._owner.submit(_Notified(fn, notify), answer=False)
 
     async def put(
         self,

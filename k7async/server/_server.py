@@ -1,7 +1,10 @@
 """The beanstalkd server's event loop side: listeners, one task per connection, reserves
 that wait, signals.
 
-A connection task parses what it receives (``k7core.beanstalk``), hands each run of
+Under asyncio the connections are protocols (``_protocol``: inline runs unless ``"sync"``,
+one hand-over to the owner thread per loop iteration under it). Under trio, or with
+``K7_SERVER_DRIVER=streams``, a connection is a task over anyio streams: it parses what it
+receives (``k7core.beanstalk``), hands each run of
 requests to the job store's owner thread (``AsyncJobStore.run``: under ``"sync"`` the runs of
 every connection at that moment share one msync) and sends the replies once they are
 stored. A reserve that finds no job waits here, in the event loop, with no thread of its
@@ -11,10 +14,12 @@ connections in the order they came.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
 import signal
+import socket
 import stat
 import time
 from collections.abc import Callable
@@ -35,11 +40,18 @@ from k7core.jobs import JOURNAL_SEGMENT, JobStore
 
 from .._bridge import post
 from .._jobs import AsyncJobStore, open_jobs
+from ._protocol import Driver, _Waiting, listener_sockets
 from ._session import Blocked, ServerState, Session
 
 log = logging.getLogger("k7async.server")
 
 RECEIVE_SIZE = 65536
+
+DRIVER_ENV = "K7_SERVER_DRIVER"
+"""Overrides how connections are driven, for measurements: ``streams`` (a task per
+connection over anyio streams, as under trio), ``owner`` (asyncio protocols, every run on the
+store's owner thread, as under ``"sync"``), ``inline`` (asyncio protocols, runs in the event
+loop). Default: protocols under asyncio, inline unless ``"sync"``; streams under trio."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +109,9 @@ class _Waiter:
         self.event = anyio.Event()
         self.answer: bytes | None = None
 
+    def wake(self) -> None:
+        self.event.set()
+
 
 class Waiters:
     """Reserves waiting for a job, by watched tube, oldest first. :meth:`listener` is the
@@ -104,7 +119,7 @@ class Waiters:
 
     def __init__(self, token: EventLoopToken) -> None:
         self._token = token
-        self._by_tube: dict[str, dict[_Waiter, None]] = {}
+        self._by_tube: dict[str, dict[_Waiter | _Waiting, None]] = {}
         self.count = 0
         self._scheduled = False
 
@@ -113,13 +128,13 @@ class Waiters:
             self._scheduled = True
             post(self._token, self.poke)
 
-    def add(self, waiter: _Waiter) -> None:
+    def add(self, waiter: _Waiter | _Waiting) -> None:
         self.count += 1
         waiter.session.waiting = True
         for tube in waiter.session.watch:
             self._by_tube.setdefault(tube, {})[waiter] = None
 
-    def remove(self, waiter: _Waiter) -> None:
+    def remove(self, waiter: _Waiter | _Waiting) -> None:
         if not waiter.session.waiting:
             return
         self.count -= 1
@@ -145,7 +160,7 @@ class Waiters:
                     break  # nothing ready in this tube (nor in the waiter's others)
                 self.remove(waiter)
                 waiter.answer = answer
-                waiter.event.set()
+                waiter.wake()
 
 
 class Connection:
@@ -325,6 +340,17 @@ def _address(listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _driver(server: Server, config: ServerConfig) -> Driver | None:
+    """The asyncio protocols' driver, or None: connections are tasks over anyio streams."""
+    choice = os.environ.get(DRIVER_ENV, "")
+    loop = asyncio._get_running_loop()  # None under trio
+    if choice == "streams" or loop is None:
+        return None
+    inline = config.fsync != "sync" if choice not in ("owner", "inline") else \
+        choice == "inline"
+    return Driver(server, loop, inline)
+
+
 async def serve(
     config: ServerConfig, *, on_ready: Callable[[Server], object] | None = None
 ) -> None:
@@ -338,19 +364,37 @@ async def serve(
         store.ref_tube("default")  # beanstalkd's default tube always exists
         store.add_ready_listener(server.waiters.listener)
         listeners = await _listeners(config)
+        driver = _driver(server, config)
+        servers: list[asyncio.AbstractServer] = []
         try:
             server.addresses = [_address(listener) for listener in listeners]
             with server._cancel:
                 async with anyio.create_task_group() as tg:
                     if config.signals:
                         tg.start_soon(server._signals)
-                    for listener in listeners:
-                        tg.start_soon(listener.serve, server._handle)
+                    if driver is None:
+                        for listener in listeners:
+                            tg.start_soon(listener.serve, server._handle)
+                    else:
+                        for listener in listeners:
+                            for sock in listener_sockets(listener):
+                                if sock.family == socket.AF_UNIX:
+                                    servers.append(await driver.loop.create_unix_server(
+                                        driver.protocol, sock=sock))
+                                else:
+                                    servers.append(await driver.loop.create_server(
+                                        driver.protocol, sock=sock))
                     log.info("listening on %s (pid %d)", ", ".join(server.addresses),
                              os.getpid())
                     if on_ready is not None:
                         on_ready(server)
+                    if driver is not None:
+                        await anyio.sleep_forever()
         finally:
+            for aserver in servers:
+                aserver.close()
+            if driver is not None:
+                driver.stop()
             for listener in listeners:
                 with anyio.CancelScope(shield=True):
                     await listener.aclose()

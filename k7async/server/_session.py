@@ -114,8 +114,9 @@ class Session:
     """One connection: the tube it uses, the tubes it watches (beanstalkd's order: an
     ignored tube's place goes to the last one), its reservations (a :class:`JobOwner`).
 
-    :meth:`run` is called on the store's owner thread, one connection at a time; the event
-    loop touches a session only while no run of it is under way.
+    :meth:`run` is called one connection at a time: on the store's owner thread (under
+    ``"sync"``, and on the streams path), or in the event loop (asyncio protocols, not
+    ``"sync"``); the event loop touches a session only while no run of it is under way.
     """
 
     def __init__(self, state: ServerState) -> None:

@@ -57,7 +57,7 @@ class _Notified(Call[JobStore, Any]):
     __slots__ = ("notify",)
 
     def __init__(self, fn: Callable[[JobStore], Any],
-                 notify: Callable[[Command[JobStore, Any]], object]) -> None:
+                 notify: Callable[[Callable[[], Any]], object]) -> None:
         super().__init__(fn)
         self.notify = notify
 
@@ -72,11 +72,11 @@ def _in_one_batch(store: JobStore, commands: list[Command[JobStore, Any]]) -> li
         for command in commands:
             if type(command) is _Notified:
                 command.set_error(exc)
-                command.notify(command)
+                command.notify(command.result)
         raise
     for command in commands:
         if type(command) is _Notified:
-            command.notify(command)
+            command.notify(command.result)
     return []
 
 
@@ -106,10 +106,10 @@ class AsyncJobStore:
         return await self._owner.call(Call(fn), precheck=False)
 
     def submit(self, fn: Callable[[JobStore], T],
-               notify: Callable[[Command[JobStore, T]], object]) -> None:
+               notify: Callable[[Callable[[], T]], object]) -> None:
         """Run ``fn(store)`` on the owner thread, with the other calls of the moment, and
-        call ``notify(command)`` on that thread once what it stored is durable
-        (``command.result()`` is ``fn``'s result or raises its error). For code that is not
+        call ``notify(result)`` on that thread once what it stored is durable (``result()``
+        returns ``fn``'s value or raises its error). For code that is not
         a task (``notify`` posts to its loop); never blocks. Raises ClosedError once the
         store is closing."""
         self._owner.submit(_Notified(fn, notify), answer=False)

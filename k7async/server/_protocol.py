@@ -35,17 +35,17 @@ from typing import Any, cast
 from k7core import ClosedError
 from k7core.beanstalk import Request, RequestParser
 from k7core.beanstalk import protocol as wire
-from k7core.jobs import JobStore
 
-from .._owner import Command
-from ._session import Blocked, Session
+from .._jobs import AsyncJobStore
+from ._session import Blocked, ServerState, Session
+from ._waiters import Waiters
 
 log = logging.getLogger("k7async.server")
 
 _Outcome = tuple[bytes, int, "Blocked | None"]
 
 
-class _Waiting:
+class Waiting:
     """A waiting reserve of a protocol connection (``Waiters`` entry): ``wake`` is called by
     ``Waiters.poke`` once ``answer`` is set."""
 
@@ -64,11 +64,11 @@ class Driver:
     """The protocol connections of one server in one asyncio loop; under ``"sync"``, the
     runs waiting for the next hand-over to the owner thread."""
 
-    def __init__(self, server: Any, loop: asyncio.AbstractEventLoop, inline: bool) -> None:
-        self.server = server
-        self.state = server.state
-        self.jobs = server.jobs
-        self.waiters = server.waiters
+    def __init__(self, state: ServerState, jobs: AsyncJobStore, waiters: Waiters,
+                 loop: asyncio.AbstractEventLoop, inline: bool) -> None:
+        self.state = state
+        self.jobs = jobs
+        self.waiters = waiters
         self.loop = loop
         self.inline = inline
         self.connections: set[BeanstalkProtocol] = set()
@@ -94,9 +94,9 @@ class Driver:
             return
         loop = self.loop
 
-        def notify(command: Command[JobStore, list[object]]) -> None:
+        def notify(result: Callable[[], list[object]]) -> None:
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to answer
-                loop.call_soon_threadsafe(self._deliver, items, command)
+                loop.call_soon_threadsafe(self._deliver, items, result)
 
         try:
             self.jobs.submit(lambda store: _run_many(items), notify)
@@ -108,9 +108,9 @@ class Driver:
                     connection.abort()
 
     def _deliver(self, items: list[tuple[BeanstalkProtocol, bool]],
-                 command: Command[JobStore, list[object]]) -> None:
+                 result: Callable[[], list[object]]) -> None:
         try:
-            outcomes = command.result()
+            outcomes = result()
         except BaseException as exc:  # the batch failed (an msync): nothing is durable
             log.error("a batch of requests failed: %s", exc)
             for connection, close in items:
@@ -168,7 +168,7 @@ class BeanstalkProtocol(asyncio.Protocol):
         self.eof = False
         self.closing = False
         self.gone = False
-        self.waiting: _Waiting | None = None
+        self.waiting: Waiting | None = None
         self.deadline = math.inf
         self.timer: asyncio.TimerHandle | None = None
 
@@ -270,7 +270,7 @@ class BeanstalkProtocol(asyncio.Protocol):
     # --- a reserve that waits --------------------------------------------------------------
 
     def _wait(self, timeout: int) -> None:
-        waiting = self.waiting = _Waiting(self)
+        waiting = self.waiting = Waiting(self)
         self.driver.waiters.add(waiting)  # before the first try: a put meanwhile pokes it
         self.deadline = math.inf if timeout < 0 else time.monotonic() + timeout
         if self.eof:
@@ -304,7 +304,7 @@ class BeanstalkProtocol(asyncio.Protocol):
         if limit != math.inf:
             self.timer = self.loop.call_later(limit, self._check)
 
-    def _waited(self, waiting: _Waiting) -> None:
+    def _waited(self, waiting: Waiting) -> None:
         """``Waiters.poke`` gave this reserve a job."""
         if waiting is self.waiting and waiting.answer is not None:
             self._end_wait(waiting.answer)

@@ -38,10 +38,10 @@ from k7core.beanstalk import Request, RequestParser
 from k7core.beanstalk import protocol as wire
 from k7core.jobs import JOURNAL_SEGMENT, JobStore
 
-from .._bridge import post
 from .._jobs import AsyncJobStore, open_jobs
-from ._protocol import Driver, _Waiting, listener_sockets
+from ._protocol import Driver, listener_sockets
 from ._session import Blocked, ServerState, Session
+from ._waiters import Waiters
 
 log = logging.getLogger("k7async.server")
 
@@ -111,56 +111,6 @@ class _Waiter:
 
     def wake(self) -> None:
         self.event.set()
-
-
-class Waiters:
-    """Reserves waiting for a job, by watched tube, oldest first. :meth:`listener` is the
-    store's ready listener (any thread): it schedules :meth:`poke` in the loop, once."""
-
-    def __init__(self, token: EventLoopToken) -> None:
-        self._token = token
-        self._by_tube: dict[str, dict[_Waiter | _Waiting, None]] = {}
-        self.count = 0
-        self._scheduled = False
-
-    def listener(self) -> None:
-        if self.count and not self._scheduled:
-            self._scheduled = True
-            post(self._token, self.poke)
-
-    def add(self, waiter: _Waiter | _Waiting) -> None:
-        self.count += 1
-        waiter.session.waiting = True
-        for tube in waiter.session.watch:
-            self._by_tube.setdefault(tube, {})[waiter] = None
-
-    def remove(self, waiter: _Waiter | _Waiting) -> None:
-        if not waiter.session.waiting:
-            return
-        self.count -= 1
-        waiter.session.waiting = False
-        for tube in waiter.session.watch:
-            queue = self._by_tube.get(tube)
-            if queue is not None:
-                queue.pop(waiter, None)
-                if not queue:
-                    del self._by_tube[tube]
-
-    def poke(self) -> None:
-        """Jobs may be ready: give them to the waiting reserves, oldest waiter first."""
-        self._scheduled = False
-        for tube in list(self._by_tube):
-            while (queue := self._by_tube.get(tube)):
-                waiter = next(iter(queue))
-                try:
-                    answer = waiter.session.try_reserve()
-                except ClosedError:
-                    return  # the server is stopping
-                if answer is None:
-                    break  # nothing ready in this tube (nor in the waiter's others)
-                self.remove(waiter)
-                waiter.answer = answer
-                waiter.wake()
 
 
 class Connection:
@@ -343,12 +293,15 @@ def _address(listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> str:
 def _driver(server: Server, config: ServerConfig) -> Driver | None:
     """The asyncio protocols' driver, or None: connections are tasks over anyio streams."""
     choice = os.environ.get(DRIVER_ENV, "")
-    loop = asyncio._get_running_loop()  # None under trio
-    if choice == "streams" or loop is None:
+    if choice == "streams":
+        return None
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # trio
         return None
     inline = config.fsync != "sync" if choice not in ("owner", "inline") else \
         choice == "inline"
-    return Driver(server, loop, inline)
+    return Driver(server.state, server.jobs, server.waiters, loop, inline)
 
 
 async def serve(

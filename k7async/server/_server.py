@@ -95,6 +95,9 @@ class ServerConfig:
 
     directory: Path
     listen: tuple[Listen, ...] = (Listen(),)
+    sockets: tuple[socket.socket, ...] = ()
+    """Listening sockets to serve as well, bound already (the server takes them over and
+    closes them): ``k7-beanstalkd`` binds before it loads the server."""
     fsync: str = "flush"
     commit_interval: float = 50e-6
     max_job_size: int = wire.DEFAULT_MAX_JOB_SIZE
@@ -266,6 +269,8 @@ class Server:
 async def _listeners(config: ServerConfig) -> list[anyio.abc.Listener[anyio.abc.SocketStream]]:
     out: list[anyio.abc.Listener[anyio.abc.SocketStream]] = []
     try:
+        for sock in config.sockets:
+            out.append(await anyio.abc.SocketListener.from_socket(sock))
         for where in config.listen:
             if where.path is not None:
                 path = Path(where.path)

@@ -32,19 +32,33 @@ class ServerProcess:
     """A running server: ``address`` is ``(host, port)`` or a Unix socket's path. Leaving the
     ``with`` block SIGKILLs it if it still runs."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], *, wait: bool = True) -> None:
         self.argv = argv
         self.err = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=self.err)
         assert self.proc.stdout is not None
         self._out = self.proc.stdout
+        self.address: tuple[str, int] | str = ""
+        if wait:
+            self._wait_ready()
+
+    @classmethod
+    def start_only(cls, argv: list[str]) -> ServerProcess:
+        """Start ``argv`` without waiting for its ``listening on`` line (``address`` is
+        unknown)."""
+        return cls(argv, wait=False)
+
+    def said_anything(self) -> bool:
+        """Whether the server has written to stdout yet (without waiting)."""
+        return bool(select.select([self._out], [], [], 0)[0])
+
+    def _wait_ready(self) -> None:
         try:
             where = self._line().removeprefix("listening on ")
         except BaseException:
             self.close()
             raise
-        self.address: tuple[str, int] | str
         if where.startswith("unix:"):
             self.address = where[5:]
         else:

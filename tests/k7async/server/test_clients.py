@@ -6,15 +6,19 @@ greenstalk example."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import greenstalk
 import pystalk
 import pytest
 
-from tests._queuehelp import ROOT, child_env
+import k7beanstalkd
+from k7core.beanstalk import DEFAULT_PORT
+from tests._queuehelp import ROOT, child_env, run_python
 
 from ._proc import DEADLINE, K7_BEANSTALKD, ServerProcess
 
@@ -181,6 +185,59 @@ def test_k7_beanstalkd_version() -> None:
     done = run_beanstalkd("-v")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("beanstalkd 1.12"), done.stdout
+
+
+def test_k7_beanstalkd_binds_before_it_loads_the_server(tmp_path: Path) -> None:
+    """At the moment ``k7-beanstalkd`` binds its socket (an audit hook sees the bind), none
+    of the server's modules is loaded: their imports (~0.2 s) come after it."""
+    out = run_python(
+        "import os, sys, k7beanstalkd\n"
+        "def hook(event, args):\n"
+        "    if event == 'socket.bind':\n"
+        "        print(sorted(m for m in sys.modules\n"
+        "                     if m.split('.')[0] in ('k7core', 'k7async', 'anyio')), flush=True)\n"
+        "        os._exit(0)\n"
+        "sys.addaudithook(hook)\n"
+        "k7beanstalkd.main(sys.argv[1:])\n",
+        "-l", "127.0.0.1", "-p", "0", "-b", str(tmp_path / "jobs"))
+    assert out.strip() == "[]", out
+    assert k7beanstalkd.DEFAULT_PORT == DEFAULT_PORT
+
+
+def test_a_client_that_connects_during_start_up_is_served(tmp_path: Path) -> None:
+    """Client test suites connect 0.1 s after starting the server: the kernel queues such a
+    connection (the socket is bound first), and it is answered once the server runs."""
+    path = tmp_path / "early.sock"
+    with ServerProcess.start_only([K7_BEANSTALKD, "-l", f"unix:{path}"]) as server:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        deadline = time.monotonic() + DEADLINE
+        while True:
+            try:
+                sock.connect(str(path))
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                assert time.monotonic() < deadline and server.proc.poll() is None, \
+                    server.stderr()
+                time.sleep(0.001)  # polling for another process's bind: no event to wait on
+        with sock:
+            assert not server.said_anything(), "connected only once the server was ready"
+            sock.settimeout(DEADLINE)
+            sock.sendall(b"put 0 0 60 5\r\nearly\r\nreserve\r\n")
+            replies = b""
+            while not replies.endswith(b"early\r\n"):
+                chunk = sock.recv(4096)
+                assert chunk, replies
+                replies += chunk
+            assert replies.startswith(b"INSERTED "), replies
+            assert b"\r\nRESERVED " in replies, replies
+
+
+def test_k7_beanstalkd_keeps_a_file_that_is_not_a_socket(tmp_path: Path) -> None:
+    other = tmp_path / "not-a-socket"
+    other.write_text("keep me")
+    done = run_beanstalkd("-l", f"unix:{other}")
+    assert done.returncode != 0 and str(other) in done.stderr, done
+    assert other.read_text() == "keep me"
 
 
 @pytest.mark.parametrize(("flags", "says"), [

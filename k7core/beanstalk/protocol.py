@@ -11,6 +11,7 @@ threads, no clocks.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from enum import IntEnum
 from typing import NamedTuple
@@ -368,6 +369,12 @@ def _line_end(buf: bytearray, size: int) -> int:
 
 _COMMAND, _ENDLINE, _BODY, _BUCKET = range(4)
 
+_PLAIN_PUT = re.compile(rb"put +([0-9]{1,9}) +([0-9]{1,9}) +([0-9]{1,9}) +([0-9]{1,9})\r\n")
+"""A put line in its common form (numbers below 10**9 < 2**32, nothing else on the line):
+what the general path would make of it is certain, so :meth:`RequestParser.next` takes it
+and its body in one step (the general path parses every other line, and this one when its
+body is not all there, too big, or without its ``\r\n``)."""
+
 
 class RequestParser:
     """The server's side: :meth:`feed` what the connection received, then take the
@@ -392,6 +399,15 @@ class RequestParser:
     def next(self) -> Request | None:
         """The next complete request, or None until more bytes are fed."""
         buf = self._buf
+        if self._state == _COMMAND and (m := _PLAIN_PUT.match(buf)) is not None:
+            start, size = m.end(), int(m[4])
+            end = start + size
+            if start <= LINE_MAX and size <= self.max_job_size and len(buf) >= end + 2 \
+                    and buf[end] == 0x0D and buf[end + 1] == 0x0A:
+                request = Request(Op.PUT, priority=int(m[1]), delay=int(m[2]),
+                                  ttr=max(int(m[3]), 1), body=bytes(buf[start:end]))
+                del buf[:end + 2]
+                return request
         while True:
             state = self._state
             if state <= _ENDLINE:  # _COMMAND or _ENDLINE

@@ -197,3 +197,30 @@ def test_reply_parser_rejects_what_is_not_a_reply() -> None:
     parser.feed(b"FOUND 1 2\r\nabXY")
     with pytest.raises(ProtocolError):
         parser.next()
+
+
+_NUMBER = st.one_of(st.integers(0, 2**33).map(lambda n: str(n).encode()),
+                    st.text("0123456789", min_size=1, max_size=12).map(str.encode))
+_GAP = st.sampled_from([b" ", b"  ", b"   ", b"\t", b""])
+
+
+@given(st.lists(_NUMBER, min_size=4, max_size=4), st.lists(_GAP, min_size=4, max_size=4),
+       st.sampled_from([b"", b" ", b"x", b" 7"]), st.integers(0, 300), st.integers(-2, 2),
+       st.sampled_from([b"\r\n", b"\n\r", b"xy"]), st.integers(0, 300))
+def test_a_whole_put_parses_as_one_fed_byte_by_byte(
+        numbers: list[bytes], gaps: list[bytes], tail: bytes, size: int, skew: int,
+        end: bytes, max_job_size: int) -> None:
+    """A put whose line and body are all there may be taken in one step (the common form);
+    fed a byte at a time, the same bytes go through the general path: same requests."""
+    numbers[3] = str(size).encode() if skew != 2 else numbers[3]
+    line = b"put" + b"".join(g + n for g, n in zip(gaps, numbers, strict=True)) + tail
+    body = b"b" * max(size + skew, 0)
+    stream = line + b"\r\n" + body + end + b"quit\r\n"
+    whole = parse(stream, max_job_size)
+    parser = RequestParser(max_job_size)
+    one_by_one = []
+    for i in range(len(stream)):
+        parser.feed(stream[i:i + 1])
+        while (r := parser.next()) is not None:
+            one_by_one.append(r)
+    assert whole == one_by_one

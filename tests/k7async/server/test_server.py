@@ -39,6 +39,13 @@ class Client:
         return await self.reply()
 
 
+@pytest.fixture(params=["flush", "sync"])
+def fsync(request: pytest.FixtureRequest) -> str:
+    """Both ways a connection's requests run under asyncio: in the event loop ("flush") and
+    on the store's owner thread, one hand-over per loop turn ("sync")."""
+    return str(request.param)
+
+
 @asynccontextmanager
 async def running(tmp_path: Path, **opts: object) -> AsyncIterator[Server]:
     started: list[Server] = []
@@ -66,8 +73,8 @@ async def connect(server: Server) -> AsyncIterator[Client]:
         yield Client(stream)
 
 
-async def test_waiting_reserves_take_no_thread_each(tmp_path: Path) -> None:
-    async with running(tmp_path) as server, connect(server) as producer:
+async def test_waiting_reserves_take_no_thread_each(tmp_path: Path, fsync: str) -> None:
+    async with running(tmp_path, fsync=fsync) as server, connect(server) as producer:
         await producer.ask(b"list-tubes\r\n")  # the server is warm (its threads exist)
         threads = set(threading.enumerate())
         n = 150
@@ -93,8 +100,8 @@ async def test_waiting_reserves_take_no_thread_each(tmp_path: Path) -> None:
         assert sorted(r.body or b"" for r in got) == sorted(b"job %d" % i for i in range(n))
 
 
-async def test_a_closed_connection_releases_its_jobs_at_once(tmp_path: Path) -> None:
-    async with running(tmp_path) as server, connect(server) as b:
+async def test_a_closed_connection_releases_its_jobs_at_once(tmp_path: Path, fsync: str) -> None:
+    async with running(tmp_path, fsync=fsync) as server, connect(server) as b:
         async with connect(server) as a:
             assert (await a.ask(put_command(b"x", ttr=3600))).word == "INSERTED"
             job = await a.ask(b"reserve\r\n")
@@ -106,8 +113,8 @@ async def test_a_closed_connection_releases_its_jobs_at_once(tmp_path: Path) -> 
         assert stats.body is not None and b"\nreserves: 2\n" in stats.body
 
 
-async def test_quit_releases_too(tmp_path: Path) -> None:
-    async with running(tmp_path) as server, connect(server) as b:
+async def test_quit_releases_too(tmp_path: Path, fsync: str) -> None:
+    async with running(tmp_path, fsync=fsync) as server, connect(server) as b:
         async with connect(server) as a:
             await a.ask(put_command(b"x", ttr=3600))
             job = await a.ask(b"reserve\r\n")
@@ -118,8 +125,8 @@ async def test_quit_releases_too(tmp_path: Path) -> None:
             assert (await b.ask(b"reserve\r\n")).args == job.args
 
 
-async def test_deadline_soon_for_a_waiting_reserve(tmp_path: Path) -> None:
-    async with running(tmp_path) as server, connect(server) as c:
+async def test_deadline_soon_for_a_waiting_reserve(tmp_path: Path, fsync: str) -> None:
+    async with running(tmp_path, fsync=fsync) as server, connect(server) as c:
         await c.ask(put_command(b"short", ttr=2))
         assert (await c.ask(b"reserve\r\n")).word == "RESERVED"
         with anyio.fail_after(5):
@@ -127,8 +134,8 @@ async def test_deadline_soon_for_a_waiting_reserve(tmp_path: Path) -> None:
         assert (await c.ask(b"reserve-with-timeout 0\r\n")).word == "DEADLINE_SOON"
 
 
-async def test_timed_out_and_hang_up(tmp_path: Path) -> None:
-    async with running(tmp_path) as server:
+async def test_timed_out_and_hang_up(tmp_path: Path, fsync: str) -> None:
+    async with running(tmp_path, fsync=fsync) as server:
         async with connect(server) as c:
             assert (await c.ask(b"reserve-with-timeout 0\r\n")).word == "TIMED_OUT"
             assert (await c.ask(b"reserve-with-timeout 1\r\n")).word == "TIMED_OUT"
@@ -140,8 +147,8 @@ async def test_timed_out_and_hang_up(tmp_path: Path) -> None:
             assert (await c.ask(b"stats\r\n")).body is not None
 
 
-async def test_a_delay_and_a_pause_wake_waiting_reserves(tmp_path: Path) -> None:
-    async with running(tmp_path) as server, connect(server) as c, connect(server) as w:
+async def test_a_delay_and_a_pause_wake_waiting_reserves(tmp_path: Path, fsync: str) -> None:
+    async with running(tmp_path, fsync=fsync) as server, connect(server) as c, connect(server) as w:
         assert (await c.ask(put_command(b"later", delay=1))).word == "INSERTED"
         with anyio.fail_after(5):
             assert (await w.ask(b"reserve\r\n")).body == b"later"
@@ -152,15 +159,15 @@ async def test_a_delay_and_a_pause_wake_waiting_reserves(tmp_path: Path) -> None
             assert (await w.ask(b"reserve\r\n")).body == b"after the pause"
 
 
-async def test_pipelined_commands_wait_behind_a_reserve(tmp_path: Path) -> None:
-    async with running(tmp_path) as server, connect(server) as c, connect(server) as p:
+async def test_pipelined_commands_wait_behind_a_reserve(tmp_path: Path, fsync: str) -> None:
+    async with running(tmp_path, fsync=fsync) as server, connect(server) as c, connect(server) as p:
         await c.send(b"reserve\r\nlist-tube-used\r\nuse other\r\n")
         await p.ask(put_command(b"go"))
         assert [(await c.reply()).word for _ in range(3)] == ["RESERVED", "USING", "USING"]
 
 
-async def test_drain_mode(tmp_path: Path) -> None:
-    async with running(tmp_path) as server, connect(server) as c:
+async def test_drain_mode(tmp_path: Path, fsync: str) -> None:
+    async with running(tmp_path, fsync=fsync) as server, connect(server) as c:
         assert (await c.ask(put_command(b"before"))).word == "INSERTED"
         server.drain()
         assert (await c.ask(put_command(b"after"))).word == "DRAINING"
@@ -193,20 +200,20 @@ async def test_many_connections_put_at_once(tmp_path: Path, fsync: str) -> None:
             assert stats.body is not None and b"\ncurrent-jobs-ready: 600\n" in stats.body
 
 
-async def test_stop_ends_serve_and_the_store_reopens(tmp_path: Path) -> None:
-    async with running(tmp_path) as server, connect(server) as c:
+async def test_stop_ends_serve_and_the_store_reopens(tmp_path: Path, fsync: str) -> None:
+    async with running(tmp_path, fsync=fsync) as server, connect(server) as c:
         job = await c.ask(put_command(b"kept"))
     assert server.stopped.is_set()
-    async with running(tmp_path) as server, connect(server) as c:
+    async with running(tmp_path, fsync=fsync) as server, connect(server) as c:
         assert (await c.ask(b"peek %s\r\n" % job.args[0].encode())).body == b"kept"
 
 
-async def test_metrics(tmp_path: Path) -> None:
+async def test_metrics(tmp_path: Path, fsync: str) -> None:
     from prometheus_client.registry import CollectorRegistry
 
     from k7async.server.metrics import ServerCollector
 
-    async with running(tmp_path) as server, connect(server) as c:
+    async with running(tmp_path, fsync=fsync) as server, connect(server) as c:
         registry = CollectorRegistry()
         ServerCollector(server, registry=registry)
         await c.ask(put_command(b"x"))

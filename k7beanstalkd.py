@@ -115,21 +115,26 @@ def become(user: str) -> None:
             sys.exit(f"k7-beanstalkd: cannot become {user}: {exc.strerror}")
 
 
+def listen_as_asked(args: argparse.Namespace) -> socket.socket:
+    """The listening socket for parsed flags (``-l``, ``-p``), then ``-u USER``; exits
+    saying why when it cannot."""
+    try:
+        sock = listen(args.address, args.port)
+    except ValueError as exc:
+        sys.exit(f"k7-beanstalkd: {exc}")
+    except OSError as exc:
+        if exc.filename is not None:  # a Unix socket's path
+            sys.exit(f"k7-beanstalkd: {exc.filename}: {exc.strerror}")
+        sys.exit(f"k7-beanstalkd: cannot listen on {args.address}: {exc}")
+    if args.user:
+        become(args.user)
+    return sock
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``k7-beanstalkd``: listen first, then load and run the server."""
     args = parser().parse_args(argv)
-    sock = None
-    if not args.version:
-        try:
-            sock = listen(args.address, args.port)
-        except ValueError as exc:
-            sys.exit(f"k7-beanstalkd: {exc}")
-        except OSError as exc:
-            if exc.filename is not None:  # a Unix socket's path
-                sys.exit(f"k7-beanstalkd: {exc.filename}: {exc.strerror}")
-            sys.exit(f"k7-beanstalkd: cannot listen on {args.address}: {exc}")
-        if args.user:
-            become(args.user)
+    sock = None if args.version else listen_as_asked(args)
     from k7async.server import main as serve_main
 
     serve_main(argv, sock=sock)

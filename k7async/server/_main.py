@@ -61,15 +61,14 @@ def configure_logging(verbosity: int) -> None:
 
 def main(argv: Sequence[str] | None = None, *, sock: socket.socket | None = None) -> None:
     """``k7-beanstalkd``: beanstalkd's command line over a k7 job store. ``sock``: the
-    listening socket for the flags' ``-l``/``-p``, bound already (by ``k7beanstalkd.main``,
-    which binds first when it is None)."""
+    listening socket for the flags' ``-l``/``-p``, bound already by ``k7beanstalkd.main``
+    (None: bound here)."""
     args = k7beanstalkd.parser().parse_args(argv)
     if args.version:
         print(f"beanstalkd {VERSION} (k7-beanstalkd, k7 {k7_version})")
         return
     if sock is None:
-        k7beanstalkd.main(argv)  # binds, becomes -u USER, and calls back with the socket
-        return
+        sock = k7beanstalkd.listen_as_asked(args)
     configure_logging(args.verbose)
     if args.max_job_size > MAX_JOB_SIZE:  # as beanstalkd does past its own limit
         print(f"k7-beanstalkd: maximum job size was set to {MAX_JOB_SIZE}", file=sys.stderr)

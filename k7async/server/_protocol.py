@@ -32,6 +32,9 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from anyio.abc import Listener, SocketAttribute
+from anyio.streams.stapled import MultiListener
+
 from k7core import ClosedError
 from k7core.beanstalk import Request, RequestParser
 from k7core.beanstalk import protocol as wire
@@ -369,15 +372,9 @@ def _close_session(session: Session) -> None:
         log.exception("closing a connection failed")
 
 
-def listener_sockets(listener: Any) -> list[socket.socket]:
+def listener_sockets(listener: Listener[Any]) -> list[socket.socket]:
     """The listening sockets of an anyio listener (a MultiListener has several)."""
-    from anyio.abc import SocketAttribute
-
-    inner = getattr(listener, "listeners", None)
-    if inner is not None:
-        return [s for one in inner for s in listener_sockets(one)]
+    if isinstance(listener, MultiListener):
+        return [s for one in listener.listeners for s in listener_sockets(one)]
     sock: socket.socket = listener.extra(SocketAttribute.raw_socket)
     return [sock]
-
-
-Factory = Callable[[], BeanstalkProtocol]

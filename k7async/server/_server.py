@@ -33,7 +33,7 @@ import anyio.lowlevel
 from anyio.abc import SocketAttribute
 from anyio.lowlevel import EventLoopToken
 
-from k7core import ClosedError
+from k7core import ClosedError, K7Error
 from k7core.beanstalk import Request, RequestParser
 from k7core.beanstalk import protocol as wire
 from k7core.jobs import JOURNAL_SEGMENT, JobStore
@@ -298,14 +298,16 @@ def _address(listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> str:
 def _driver(server: Server, config: ServerConfig) -> Driver | None:
     """The asyncio protocols' driver, or None: connections are tasks over anyio streams."""
     choice = os.environ.get(DRIVER_ENV, "")
-    if choice == "streams":
-        return None
+    if choice not in ("", "streams", "owner", "inline"):
+        raise K7Error(f"{DRIVER_ENV}={choice!r} is not a driver",
+                      hint="use streams, owner or inline, or leave it unset")
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # trio
         return None
-    inline = config.fsync != "sync" if choice not in ("owner", "inline") else \
-        choice == "inline"
+    if choice == "streams":
+        return None
+    inline = choice == "inline" or (choice == "" and config.fsync != "sync")
     return Driver(server.state, server.jobs, server.waiters, loop, inline)
 
 
@@ -321,8 +323,8 @@ async def serve(
         store = jobs.store
         store.ref_tube("default")  # beanstalkd's default tube always exists
         store.add_ready_listener(server.waiters.listener)
+        driver = _driver(server, config)  # (before binding: a bad setting binds nothing)
         listeners = await _listeners(config)
-        driver = _driver(server, config)
         servers: list[asyncio.AbstractServer] = []
         try:
             server.addresses = [_address(listener) for listener in listeners]

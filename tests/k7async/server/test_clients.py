@@ -5,6 +5,7 @@ greenstalk example."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -17,7 +18,7 @@ import pystalk
 import pytest
 
 import k7beanstalkd
-from k7core.beanstalk import DEFAULT_PORT
+from k7core.beanstalk import DEFAULT_MAX_JOB_SIZE, DEFAULT_PORT
 from tests._queuehelp import ROOT, child_env, run_python
 
 from ._proc import DEADLINE, K7_BEANSTALKD, ServerProcess
@@ -201,7 +202,16 @@ def test_k7_beanstalkd_binds_before_it_loads_the_server(tmp_path: Path) -> None:
         "k7beanstalkd.main(sys.argv[1:])\n",
         "-l", "127.0.0.1", "-p", "0", "-b", str(tmp_path / "jobs"))
     assert out.strip() == "[]", out
-    assert k7beanstalkd.DEFAULT_PORT == DEFAULT_PORT
+    defaults = k7beanstalkd.parser().parse_args([])
+    assert (defaults.port, defaults.max_job_size) == (DEFAULT_PORT, DEFAULT_MAX_JOB_SIZE)
+
+
+def test_an_unknown_driver_setting_is_refused_clearly(tmp_path: Path) -> None:
+    done = subprocess.run([K7_BEANSTALKD, "-l", "127.0.0.1", "-p", "0", "-b", str(tmp_path)],
+                          capture_output=True, text=True, timeout=DEADLINE, check=False,
+                          env=dict(os.environ, K7_SERVER_DRIVER="fast"))
+    assert done.returncode != 0 and not done.stdout, done
+    assert "K7_SERVER_DRIVER='fast'" in done.stderr and "Traceback" not in done.stderr, done
 
 
 def test_a_client_that_connects_during_start_up_is_served(tmp_path: Path) -> None:

@@ -1,0 +1,333 @@
+"""The worker's logic that both faces share (threads in ``_worker``, tasks in
+``k7async.workers``): consumers by tube, payloads to bodies and back, context capture, the
+failure policy, figures and health. No I/O here: the faces reserve, run, and do what this
+decides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
+
+from .._errors import K7Error
+from ._codec import Codec, PayloadError, codec, pack, unpack
+from ._monitor import Monitor
+from ._policy import (
+    Action,
+    Backoff,
+    Bury,
+    Defer,
+    Delete,
+    Gates,
+    Options,
+    Retry,
+    after_failure,
+    error_text,
+    failures,
+)
+from ._source import Deps, JobView
+
+log = logging.getLogger("k7core.workers")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class OptionsDict(TypedDict, total=False):
+    """The keyword arguments of :class:`Options`, for ``consumer(...)`` and the workers."""
+
+    concurrency: int
+    max_retries: int
+    backoff: Backoff
+    valid_payload: Callable[[Any], object] | None
+    already_done: tuple[type[BaseException], ...]
+    codec: Codec | str
+    context: Sequence[ContextVar[Any]]
+    priority: int
+    ttr: float
+    max_execute_time: float
+    depends_on: Callable[[Any], Sequence[int | tuple[str, str]]] | None
+
+
+def make_options(base: Options, overrides: OptionsDict) -> Options:
+    """``base`` with ``overrides`` (a codec may be named; context may be any sequence)."""
+    fields: dict[str, Any] = dict(overrides)
+    if "codec" in fields:
+        fields["codec"] = codec(fields["codec"])
+    if "context" in fields:
+        fields["context"] = tuple(fields["context"])
+    try:
+        return dataclasses.replace(base, **fields)
+    except TypeError as exc:
+        raise K7Error(f"not a worker option: {exc}",
+                      hint=f"use {', '.join(f.name for f in dataclasses.fields(Options))}"
+                      ) from exc
+
+
+class NoJobError(K7Error):
+    """``consume`` found no ready job in the tube (test mode: put one, or move the clock
+    past its delay)."""
+
+
+@dataclass
+class Consumer(Generic[F]):
+    """A tube's consumer and its options."""
+
+    tube: str
+    fn: F
+    options: Options
+
+
+class Run(NamedTuple):
+    """A job to run: its payload, and the context to set around the consumer."""
+
+    payload: Any
+    context: dict[ContextVar[Any], Any]
+
+
+class FailedJob(NamedTuple):
+    """A buried job: its payload (decoded; the raw body if that fails) and its failures."""
+
+    id: int
+    tube: str
+    payload: Any
+    errors: tuple[str, ...]
+    """Failure texts with their tracebacks, newest last."""
+    created_at: float
+
+
+@dataclass
+class Running:
+    """A job a consumer is running, for touches and the slow-job watch."""
+
+    job: JobView
+    options: Options
+    started: float
+    touched: float
+    where: object
+    """What runs it (a thread id, a task): the face turns it into a stack."""
+    logged: bool = False
+
+
+class Core(Generic[F]):
+    """Consumers, policy and figures of one worker (sync or async: ``F`` is the consumer
+    type). Thread-safe."""
+
+    def __init__(self, defaults: Options, *, clock: Callable[[], float] = time.time,
+                 rand: Callable[[], float] = random.random, monitor: Monitor | None = None
+                 ) -> None:
+        self.defaults = defaults
+        self.clock = clock
+        self.rand = rand
+        self.consumers: dict[str, Consumer[F]] = {}
+        self.monitor = monitor or Monitor()
+        self.monitor.started = clock()
+        self.gates = Gates()
+        self.running: dict[int, Running] = {}
+        self._lock = threading.Lock()
+        self._keys = itertools.count()
+
+    # --- registration and puts --------------------------------------------------------
+
+    def register(self, tube: str, fn: F, overrides: OptionsDict) -> Consumer[F]:
+        if not callable(fn):
+            raise K7Error(f"the consumer of tube {tube!r} is not callable")
+        if tube in self.consumers:
+            raise K7Error(f"tube {tube!r} has a consumer already",
+                          hint="one consumer per tube; raise its concurrency instead")
+        consumer = Consumer(tube, fn, make_options(self.defaults, overrides))
+        self.consumers[tube] = consumer
+        return consumer
+
+    def options(self, tube: str) -> Options:
+        consumer = self.consumers.get(tube)
+        return self.defaults if consumer is None else consumer.options
+
+    def put_args(self, tube: str, payload: Any, priority: int | None, delay: float,
+                 ttr: float | None, key: str | None, depends_on: Deps | None
+                 ) -> tuple[bytes, dict[str, Any]]:
+        """The body and the keyword arguments of a source's put."""
+        o = self.options(tube)
+        try:
+            encoded = o.codec.encode(payload)
+        except Exception as exc:
+            raise PayloadError(f"the {o.codec.name} codec cannot encode this payload of "
+                               f"tube {tube!r}: {exc}",
+                               hint="pass another codec to the consumer or worker") from exc
+        if isinstance(encoded, str):
+            encoded = encoded.encode()
+        context = {}
+        for var in o.context:
+            with suppress(LookupError):
+                context[var.name] = var.get()
+        if depends_on is None:
+            depends_on = o.depends_on(payload) if o.depends_on is not None else ()
+        return pack(encoded, context), {
+            "tube": tube, "priority": o.priority if priority is None else priority,
+            "delay": delay, "ttr": o.ttr if ttr is None else ttr, "key": key,
+            "depends_on": tuple(depends_on),
+        }
+
+    def tubes(self) -> tuple[str, ...]:
+        return tuple(self.consumers)
+
+    # --- running a job ----------------------------------------------------------------
+
+    def start(self, job: JobView, *, gated: bool = True) -> Run | Bury | Defer:
+        """Decode ``job``; Bury if it cannot be decoded or fails ``valid_payload``; Defer if
+        it failed before and the tube's gate is closed (``gated``)."""
+        o = self.options(job.tube)
+        now = self.clock()
+        if gated:
+            with self._lock:
+                wait = self.gates.wait(job.tube, job.errors, now)
+            if wait > 0:
+                with self._lock:
+                    self.monitor.deferred(job.tube)
+                return Defer(wait)
+        try:
+            envelope = unpack(job.body)
+            payload = o.codec.decode(envelope.payload)
+        except Exception as exc:
+            return self._invalid(job, exc)
+        context = {var: envelope.context[var.name] for var in o.context
+                   if var.name in envelope.context}
+        if o.valid_payload is not None:
+            try:
+                valid = o.valid_payload(payload)
+            except Exception as exc:
+                return self._invalid(job, exc)
+            if not valid:
+                return self._invalid(job, PayloadError("valid_payload rejected the payload"))
+        return Run(payload, context)
+
+    def _invalid(self, job: JobView, exc: BaseException) -> Bury:
+        text = error_text(failures(job.errors) + 1, exc)
+        log.error("job %d of tube %r buried: invalid payload: %s", job.id, job.tube,
+                  text.splitlines()[0])
+        return Bury(text)
+
+    @contextmanager
+    def context(self, run: Run) -> Iterator[None]:
+        """The job's context variables set (around its consumer and the worker's log
+        lines about it), and reset after."""
+        tokens = [(var, var.set(value)) for var, value in run.context.items()]
+        try:
+            yield
+        finally:
+            for var, token in reversed(tokens):
+                var.reset(token)
+
+    def begin(self, job: JobView, where: object) -> int:
+        """Note that ``job`` runs (for touches and the slow-job watch); returns a handle
+        for :meth:`end`."""
+        now = self.clock()
+        handle = next(self._keys)
+        with self._lock:
+            self.running[handle] = Running(job, self.options(job.tube), now, now, where)
+        return handle
+
+    def end(self, handle: int) -> float:
+        """The run of :meth:`begin` is over; returns how long it took."""
+        with self._lock:
+            r = self.running.pop(handle)
+        return self.clock() - r.started
+
+    def finish(self, job: JobView, exc: BaseException | None, *, bury: bool = False
+               ) -> Delete | Retry | Bury:
+        """What to do after the consumer returned (``exc`` None) or raised ``exc``
+        (``bury``: a failure buries the job whatever its retries)."""
+        o = self.options(job.tube)
+        if exc is None or isinstance(exc, o.already_done):
+            return Delete()
+        action = after_failure(o, job.errors, exc, self.rand())
+        if bury:
+            action = Bury(action.error)
+        first = action.error.splitlines()[0]
+        with self._lock:
+            self.gates.failed(job.tube, self.clock(), o)
+        if isinstance(action, Bury):
+            log.error("job %d of tube %r buried after %d failures: %s", job.id, job.tube,
+                      failures(job.errors) + 1, first)
+        else:
+            log.warning("job %d of tube %r failed, retry in %.1f s: %s", job.id, job.tube,
+                        action.delay, first)
+        return action
+
+    def done(self, job: JobView, action: Action, new_id: int, took: float | None) -> None:
+        """Count what was done with ``job`` (now ``new_id``); ``took`` is how long its
+        consumer ran (None: it did not run)."""
+        with self._lock:
+            m = self.monitor
+            if isinstance(action, Delete):
+                m.done(job.tube, job.id, bool(job.errors), took or 0.0, self.clock())
+            elif isinstance(action, Defer):
+                m.moved(job.tube, job.id, new_id)
+            else:
+                if took is not None:
+                    m.failed(job.tube, job.id, job.created_at)
+                m.moved(job.tube, job.id, new_id)
+                if isinstance(action, Bury):
+                    m.buried(job.tube, new_id, job.created_at)
+
+    # --- the watch --------------------------------------------------------------------
+
+    def due(self) -> tuple[list[Running], list[Running]]:
+        """Runs to touch now (a third of their ttr since the last touch), and runs past
+        their max_execute_time not yet logged (marked logged)."""
+        now = self.clock()
+        touch, slow = [], []
+        with self._lock:
+            for r in self.running.values():
+                if now - r.touched >= r.options.ttr / 3:
+                    r.touched = now
+                    touch.append(r)
+                if not r.logged and now - r.started > r.options.max_execute_time:
+                    r.logged = True
+                    slow.append(r)
+        return touch, slow
+
+    def log_slow(self, r: Running, stack: str) -> None:
+        log.error("job %d of tube %r has run for %.0f s (max_execute_time %.0f s); its "
+                  "stack:\n%s", r.job.id, r.job.tube, self.clock() - r.started,
+                  r.options.max_execute_time, stack)
+
+    # --- visibility -------------------------------------------------------------------
+
+    def failed_job(self, job: JobView) -> FailedJob:
+        try:
+            payload = self.options(job.tube).codec.decode(unpack(job.body).payload)
+        except Exception:
+            payload = job.body
+        return FailedJob(job.id, job.tube, payload, job.errors, job.created_at)
+
+    def check_health(self, buried: dict[str, list[JobView]]) -> bool:
+        with self._lock:
+            return self.monitor.check(
+                self.clock(), {t: [(j.id, j.created_at) for j in jobs]
+                               for t, jobs in buried.items()}, self._slow())
+
+    def _slow(self) -> bool:
+        now = self.clock()
+        return any(now - r.started > r.options.max_execute_time
+                   for r in self.running.values())
+
+    def healthy(self) -> bool | None:
+        with self._lock:
+            return self.monitor.healthy(self.clock())
+
+    def retry_stats(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            return self.monitor.retry_stats()
+
+    def processing_time_stats(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            return self.monitor.processing_times(self.clock())

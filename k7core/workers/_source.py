@@ -1,0 +1,233 @@
+"""Where a worker's jobs come from: what it needs of a job store, and the two in this module.
+
+A :class:`Source` puts jobs and answers the worker's questions about a tube; a
+:class:`Session` holds reservations (one per running consumer: a job store's owner, a
+beanstalkd connection). :class:`StoreSource` serves a :class:`k7core.jobs.JobStore` in this
+process; :class:`MemorySource` is the test mode's: a job machine in memory with a clock the
+test moves, no thread and no timer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple, Protocol
+
+from ..jobs import Job, JobMachine, JobOwner, JobState, JobStore
+
+
+class JobView(NamedTuple):
+    """A job as a worker sees it: reserved, or buried with its failures."""
+
+    id: int
+    tube: str
+    body: bytes
+    priority: int
+    errors: tuple[str, ...]
+    """Recorded failure texts, newest last (bounded)."""
+    created_at: float
+
+
+def view(job: Job) -> JobView:
+    return JobView(job.id, job.tube, job.body, job.priority, job.errors, job.created_at)
+
+
+Deps = Sequence[int | tuple[str, str]]
+
+
+class Session(Protocol):
+    """Reservations of one consumer; only it may finish them; closing it makes them ready."""
+
+    def reserve(self, tubes: tuple[str, ...], timeout: float) -> JobView | None: ...
+    def delete(self, job: JobView) -> None: ...
+    def release(self, job: JobView, delay: float, error: str | None) -> int:
+        """Back to ready after ``delay``; returns the job's id from now on."""
+    def bury(self, job: JobView, error: str) -> int:
+        """Aside until kicked; returns the job's id from now on."""
+    def touch(self, job: JobView) -> None: ...
+    def take(self, job_id: int) -> JobView:
+        """Reserve this job whatever its state (beanstalkd's reserve-job)."""
+    def close(self) -> None: ...
+
+
+class Source(Protocol):
+    def session(self) -> Session: ...
+    def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
+            key: str | None, depends_on: Deps) -> int: ...
+    def buried(self, tube: str) -> list[JobView]:
+        """The buried jobs of ``tube``, oldest buried first."""
+    def kick(self, tube: str, bound: int) -> int: ...
+    def kick_job(self, job_id: int) -> None: ...
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Per tube, live jobs by state."""
+    def close(self) -> None: ...
+
+
+def _counts(machine_counts: dict[JobState, int]) -> dict[str, int]:
+    return {state.value: n for state, n in machine_counts.items()}
+
+
+class StoreSession:
+    """A job store owner as a :class:`Session`."""
+
+    def __init__(self, owner: JobOwner) -> None:
+        self.owner = owner
+
+    def reserve(self, tubes: tuple[str, ...], timeout: float) -> JobView | None:
+        job = self.owner.reserve(tubes, timeout=timeout)
+        return None if job is None else view(job)
+
+    def delete(self, job: JobView) -> None:
+        self.owner.delete(job.id)
+
+    def release(self, job: JobView, delay: float, error: str | None) -> int:
+        self.owner.release(job.id, delay=delay, error=error)
+        return job.id
+
+    def bury(self, job: JobView, error: str) -> int:
+        self.owner.bury(job.id, error=error)
+        return job.id
+
+    def touch(self, job: JobView) -> None:
+        self.owner.touch(job.id)
+
+    def take(self, job_id: int) -> JobView:
+        return view(self.owner.reserve_job(job_id))
+
+    def close(self) -> None:
+        self.owner.close()
+
+
+class StoreSource:
+    """A :class:`k7core.jobs.JobStore` of this process; the worker does not close it."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+
+    def session(self) -> StoreSession:
+        return StoreSession(self.store.owner())
+
+    def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
+            key: str | None, depends_on: Deps) -> int:
+        return self.store.put(body, tube=tube, priority=priority, delay=delay, ttr=ttr,
+                              key=key, depends_on=depends_on)
+
+    def buried(self, tube: str) -> list[JobView]:
+        return [view(j) for j in self.store.errors(tube)]
+
+    def kick(self, tube: str, bound: int) -> int:
+        return self.store.kick(tube, bound)
+
+    def kick_job(self, job_id: int) -> None:
+        self.store.kick_job(job_id)
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        return {tube: {"ready": o.ready, "delayed": o.delayed, "reserved": o.reserved,
+                       "buried": o.buried, "waiting": o.waiting}
+                for tube, o in self.store.overview().items()}
+
+    def close(self) -> None:
+        pass
+
+
+class ManualClock:
+    """The test mode's time: it moves only when the test calls :meth:`advance`."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("time only moves forward")
+        self.now += seconds
+
+
+class MemorySession:
+    def __init__(self, source: MemorySource) -> None:
+        self._source = source
+        self._me = object()
+
+    def reserve(self, tubes: tuple[str, ...], timeout: float) -> JobView | None:
+        m, now = self._source.machine, self._source.clock()
+        m.advance(now)
+        job = m.reserve(self._me, tubes, now)
+        return None if job is None else view(job)
+
+    def delete(self, job: JobView) -> None:
+        m = self._source.machine
+        m.check_delete(job.id, self._me)
+        m.apply_delete(job.id)
+
+    def release(self, job: JobView, delay: float, error: str | None) -> int:
+        m = self._source.machine
+        m.apply_release(*m.check_release(job.id, self._me, job.priority, delay, error,
+                                         self._source.clock()))
+        return job.id
+
+    def bury(self, job: JobView, error: str) -> int:
+        m = self._source.machine
+        m.apply_bury(*m.check_bury(job.id, self._me, job.priority, error))
+        return job.id
+
+    def touch(self, job: JobView) -> None:
+        self._source.machine.touch(job.id, self._me, self._source.clock())
+
+    def take(self, job_id: int) -> JobView:
+        m, now = self._source.machine, self._source.clock()
+        m.advance(now)
+        if m.check_reserve_job(job_id):
+            m.apply_ready(job_id)
+        return view(m.reserve_job(job_id, self._me, now))
+
+    def close(self) -> None:
+        self._source.machine.release_owner(self._me)
+
+
+class MemorySource:
+    """Jobs in memory for the test mode: no thread, no timer, nothing on disk; delays and
+    time-to-run follow ``clock`` (a :class:`ManualClock` by default)."""
+
+    def __init__(self, clock: ManualClock | None = None) -> None:
+        self.clock = clock or ManualClock()
+        self.machine = JobMachine()
+        self._ids = itertools.count(1)
+
+    def session(self) -> MemorySession:
+        return MemorySession(self)
+
+    def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
+            key: str | None, depends_on: Deps) -> int:
+        plan = self.machine.check_put(tube, body, priority, delay, ttr, key, depends_on,
+                                      self.clock())
+        if isinstance(plan, int):
+            return plan
+        job_id = next(self._ids)
+        self.machine.apply_put(job_id, plan)
+        return job_id
+
+    def buried(self, tube: str) -> list[JobView]:
+        return [view(j) for j in self.machine.errors(tube)]
+
+    def kick(self, tube: str, bound: int) -> int:
+        ids = self.machine.plan_kick(tube, bound)
+        for job_id in ids:
+            self.machine.apply_kick(job_id)
+        return len(ids)
+
+    def kick_job(self, job_id: int) -> None:
+        self.machine.check_kick_job(job_id)
+        self.machine.apply_kick(job_id)
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        self.machine.advance(self.clock())
+        return {t: _counts(self.machine.counts(t)) for t in sorted(self.machine.tubes())}
+
+    def close(self) -> None:
+        pass
+
+
+def tubes_of(names: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted(set(names)))

@@ -1,0 +1,351 @@
+"""Worker: consumers on threads (the sync face; ``k7async.AsyncWorker`` is the async one).
+
+Each consumer slot is a thread with a session of its own (its reservations); one watch
+thread touches running jobs, logs the ones running past ``max_execute_time`` with their
+thread's stack, and checks health. The rules are in ``_core`` and ``_policy``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, Unpack, cast, overload
+
+from .._errors import ClosedError, K7Error
+from .._resource import Resource
+from ..jobs import JobStore
+from ._codec import PayloadError
+from ._core import Consumer, Core, FailedJob, NoJobError, OptionsDict, Run, make_options
+from ._monitor import Monitor
+from ._policy import Action, Bury, Defer, Delete, Options, Retry
+from ._source import Deps, JobView, MemorySource, Session, Source, StoreSource
+
+log = logging.getLogger("k7core.workers")
+
+SyncConsumer = Callable[[Any], Any]
+
+
+def apply(session: Session, job: JobView, action: Action) -> int:
+    """Do ``action`` to the reserved ``job``; returns its id from now on."""
+    if isinstance(action, Delete):
+        session.delete(job)
+        return job.id
+    if isinstance(action, Retry):
+        return session.release(job, action.delay, action.error)
+    if isinstance(action, Defer):
+        return session.release(job, action.delay, None)
+    return session.bury(job, action.error)
+
+
+def source_of(spec: JobStore | Source | str) -> Source:
+    """The :class:`Source` a worker's first argument names."""
+    if isinstance(spec, JobStore):
+        return StoreSource(spec)
+    if isinstance(spec, str):
+        raise K7Error(f"cannot open {spec!r} as a job source yet",
+                      hint="pass a k7core.jobs.JobStore or a Source")
+    if callable(getattr(spec, "session", None)):
+        return spec
+    raise K7Error(f"{spec!r} is not a job source",
+                  hint="pass a k7core.jobs.JobStore, a beanstalkd address or a Source")
+
+
+class Worker(Resource):
+    """Runs consumers on jobs of a source: a :class:`k7core.jobs.JobStore` in this process,
+    a beanstalkd address, or a :class:`MemorySource` (the test mode: nothing runs by itself;
+    :meth:`consume` runs one job in the caller, time moves with the source's clock).
+
+    Keyword arguments are the defaults of every tube's :class:`Options` (a consumer's own
+    override them). ``health_interval``: seconds between health checks; ``grace``,
+    ``allowed_error_time``: see :meth:`healthy`.
+    """
+
+    def __init__(
+        self,
+        source: JobStore | Source | str,
+        *,
+        poll: float = 0.25,
+        health_interval: float = 10.0,
+        grace: float = 600.0,
+        allowed_error_time: float = 900.0,
+        clock: Callable[[], float] | None = None,
+        rand: Callable[[], float] | None = None,
+        **defaults: Unpack[OptionsDict],
+    ) -> None:
+        self._closed = True
+        self._source = source_of(source)
+        testing = isinstance(self._source, MemorySource)
+        if clock is None:
+            clock = self._source.clock if isinstance(self._source, MemorySource) else time.time
+        if rand is None:
+            rand = random.Random(0).random if testing else random.random
+        monitor = Monitor(grace=grace, allowed_error_time=allowed_error_time)
+        self._core: Core[SyncConsumer] = Core(make_options(Options(), defaults), clock=clock,
+                                             rand=rand, monitor=monitor)
+        self._poll = poll
+        self._health_interval = health_interval
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._sessions: dict[int, Session] = {}  # by thread id, for stop()
+        self._lock = threading.Lock()
+        self._started = False
+        self._last: dict[str, Run] = {}
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def source(self) -> Source:
+        return self._source
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this worker is closed", hint="make a new Worker")
+
+    # --- consumers and puts -----------------------------------------------------------
+
+    @overload
+    def consumer(self, tube: str, fn: SyncConsumer, /, **options: Unpack[OptionsDict]
+                 ) -> SyncConsumer: ...
+    @overload
+    def consumer(self, tube: str, fn: None = None, /, **options: Unpack[OptionsDict]
+                 ) -> Callable[[SyncConsumer], SyncConsumer]: ...
+
+    def consumer(self, tube: str, fn: SyncConsumer | None = None, /,
+                 **options: Unpack[OptionsDict]
+                 ) -> SyncConsumer | Callable[[SyncConsumer], SyncConsumer]:
+        """Run ``fn(payload)`` on the jobs of ``tube`` (also as a decorator). What it
+        returns is success; what it raises is a failure (see :class:`Options`)."""
+        def register(f: SyncConsumer) -> SyncConsumer:
+            self._check_open()
+            with self._lock:
+                consumer = self._core.register(tube, f, options)
+                if self._started:
+                    self._spawn(consumer)
+            return f
+        return register if fn is None else register(fn)
+
+    def put(self, tube: str, payload: Any, *, priority: int | None = None,
+            delay: float = 0.0, ttr: float | None = None, key: str | None = None,
+            depends_on: Deps | None = None) -> int:
+        """Put a job: ``payload`` encoded with the tube's codec, the tube's context
+        variables captured. ``key``: unique among the tube's live jobs (a put with a taken
+        key returns that job's id). ``depends_on``: ids or ``(tube, key)`` pairs (default:
+        the tube's ``depends_on`` function of the payload). Returns the job's id."""
+        self._check_open()
+        body, args = self._core.put_args(tube, payload, priority, delay, ttr, key, depends_on)
+        return self._source.put(body, **args)
+
+    # --- running ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the consumers' threads and the watch thread."""
+        self._check_open()
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            for consumer in self._core.consumers.values():
+                self._spawn(consumer)
+            watch = threading.Thread(target=self._watch, name="k7-workers-watch", daemon=True)
+            self._threads.append(watch)
+            watch.start()
+
+    def _spawn(self, consumer: Consumer[SyncConsumer]) -> None:
+        for i in range(consumer.options.concurrency):
+            t = threading.Thread(target=self._slot, args=(consumer,),
+                                 name=f"k7-worker-{consumer.tube}-{i}", daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop taking jobs; wait up to ``timeout`` seconds for running jobs to finish, then
+        release the ones still running (ready again at once). Idempotent."""
+        self._stopping.set()
+        deadline = time.monotonic() + timeout
+        for t in list(self._threads):
+            t.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            stuck = list(self._sessions.values())
+        for session in stuck:  # their jobs go back; their threads fail and end
+            try:
+                session.close()
+            except Exception:
+                log.exception("releasing a running job at stop failed")
+
+    def close(self) -> None:
+        """:meth:`stop`, and the source if the worker opened it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.stop()
+
+    def __enter__(self) -> Worker:
+        self.start()
+        return self
+
+    def _slot(self, consumer: Consumer[SyncConsumer]) -> None:
+        me = threading.get_ident()
+        tubes = (consumer.tube,)
+        while not self._stopping.is_set():
+            session = self._source.session()
+            with self._lock:
+                self._sessions[me] = session
+            try:
+                while not self._stopping.is_set():
+                    job = session.reserve(tubes, self._poll)
+                    if job is not None:
+                        self._handle(session, job)
+            except ClosedError:
+                if self._stopping.is_set():
+                    return
+                log.exception("the job source of tube %r closed", consumer.tube)
+                return
+            except Exception:
+                log.exception("worker of tube %r: the job source failed; again in 1 s",
+                              consumer.tube)
+                self._stopping.wait(1.0)
+            finally:
+                with self._lock:
+                    self._sessions.pop(me, None)
+                session.close()
+
+    def _handle(self, session: Session, job: JobView, *, gated: bool = True,
+                forced: bool = False
+                ) -> tuple[Action, Run | None, Any, BaseException | None]:
+        """Run one reserved job through the policy; returns what was done, the run, the
+        consumer's result and its exception. ``forced``: run whatever the gate, and bury
+        it again if it fails."""
+        core = self._core
+        step = core.start(job, gated=gated and not forced)
+        if not isinstance(step, Run):
+            core.done(job, step, apply(session, job, step), None)
+            return step, None, None, None
+        fn = core.consumers[job.tube].fn
+        with core.context(step):
+            handle = core.begin(job, (threading.get_ident(), session))
+            result, error = None, None
+            try:
+                result = fn(step.payload)
+            except Exception as exc:
+                error = exc
+            took = core.end(handle)
+            action = core.finish(job, error, bury=forced)
+            core.done(job, action, apply(session, job, action), took)
+        return action, step, result, error
+
+    def _watch(self) -> None:
+        core = self._core
+        next_check = time.monotonic()
+        while not self._stopping.wait(0.5):
+            touch, slow = core.due()
+            for r in touch:
+                _, session = cast(tuple[int, Session], r.where)
+                try:
+                    session.touch(r.job)
+                except Exception as exc:  # the job finished meanwhile
+                    log.debug("touch of job %d: %s", r.job.id, exc)
+            for r in slow:
+                ident, _ = cast(tuple[int, Session], r.where)
+                frame = sys._current_frames().get(ident)
+                stack = "".join(traceback.format_stack(frame)) if frame else "(gone)"
+                core.log_slow(r, stack)
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + self._health_interval
+                try:
+                    self.check_health()
+                except Exception:
+                    log.exception("health check failed")
+
+    # --- the test mode and the REPL's tools ---------------------------------------------
+
+    def consume(self, tube: str) -> Any:
+        """Run one ready job of ``tube`` now, in this thread, and return the consumer's
+        result or raise its exception (the job is then released or buried as a worker
+        would). The test mode's step (yoltq's ``consume!``); NoJobError if none is ready."""
+        session = self._source.session()
+        try:
+            job = session.reserve((tube,), 0)
+            if job is None:
+                raise NoJobError(f"no ready job in tube {tube!r}")
+            return self._outcome(tube, self._handle(session, job, gated=False))
+        finally:
+            session.close()
+
+    def _outcome(self, tube: str,
+                 handled: tuple[Action, Run | None, Any, BaseException | None]) -> Any:
+        action, run, result, error = handled
+        if run is None:
+            raise PayloadError(action.error if isinstance(action, Bury) else "not run")
+        self._last[tube] = run
+        if error is not None:
+            raise error
+        return result
+
+    def force_retry(self, tube: str) -> Any:
+        """Run the consumer again on the payload (and context) of the last job
+        :meth:`consume` or :meth:`retry_one_error` ran on ``tube``, to check that it is
+        idempotent (yoltq's ``force-retry!``). Stores nothing."""
+        run = self._last.get(tube)
+        if run is None:
+            raise NoJobError(f"no job of tube {tube!r} was consumed yet")
+        with self._core.context(run):
+            return self._core.consumers[tube].fn(run.payload)
+
+    def errors(self, tube: str) -> list[FailedJob]:
+        """The buried jobs of ``tube`` with their errors (texts and tracebacks), oldest
+        buried first (yoltq's ``get-errors``)."""
+        return [self._core.failed_job(j) for j in self._source.buried(tube)]
+
+    def retry_one_error(self, tube: str) -> Any:
+        """Run the oldest buried job of ``tube`` now, in this thread, whatever its failures
+        (yoltq's ``retry-one-error!``): returns the consumer's result (the job is done) or
+        raises its exception (the job is buried again with it); None if none is buried."""
+        buried = self._source.buried(tube)
+        if not buried:
+            return None
+        session = self._source.session()
+        try:
+            job = session.take(buried[0].id)
+            return self._outcome(tube, self._handle(session, job, forced=True))
+        finally:
+            session.close()
+
+    def retry_errors(self, tube: str) -> int:
+        """Make every buried job of ``tube`` ready again; returns how many."""
+        return self._source.kick(tube, 1 << 31)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per tube, live jobs by state (yoltq's ``queue-stats``)."""
+        return self._source.counts()
+
+    def retry_stats(self) -> dict[str, dict[str, float]]:
+        """Per tube since start: ok, retried_ok, failures, buried, deferred and
+        retry_percentage (yoltq's ``retry-stats``)."""
+        return self._core.retry_stats()
+
+    def processing_time_stats(self) -> dict[str, dict[str, float]]:
+        """Per tube, run times in seconds over the last hour: count, avg, min, max, p50,
+        p90, p95, p99 (yoltq's ``processing-time-stats``)."""
+        return self._core.processing_time_stats()
+
+    def check_health(self) -> bool:
+        """Judge health now (the watch thread does every ``health_interval``)."""
+        tubes = set(self._core.tubes()) | set(self._source.counts())
+        return self._core.check_health({t: self._source.buried(t) for t in sorted(tubes)})
+
+    def healthy(self) -> bool | None:
+        """yoltq's ``healthy?``: None before the first check; True during the start-up
+        grace; False while a tube has a failing job (retrying or buried) created more than
+        ``allowed_error_time`` ago, or a job runs past its max_execute_time; else True."""
+        return self._core.healthy()
+
+    def __repr__(self) -> str:
+        return f"<k7core.workers.Worker {sorted(self._core.consumers)!r}>"

@@ -30,13 +30,23 @@ from ._queue import AsyncQueue as AsyncQueue
 from ._queue import open_queue as open_queue
 from ._registry import queue_writer as queue_writer
 from ._types import Payload as Payload
+from ._workers import AsyncSession as AsyncSession
+from ._workers import AsyncSource as AsyncSource
+from ._workers import AsyncStoreSource as AsyncStoreSource
+from ._workers import AsyncWorker as AsyncWorker
+from ._workers import InlineSource as InlineSource
 from ._writer import QueueWriter as QueueWriter
 
 __all__ = [
     "AsyncJobOwner",
     "AsyncJobStore",
     "AsyncQueue",
+    "AsyncSession",
+    "AsyncSource",
+    "AsyncStoreSource",
+    "AsyncWorker",
     "AutoAckError",
+    "InlineSource",
     "MessageStream",
     "Payload",
     "QueueWriter",

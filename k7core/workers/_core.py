@@ -12,7 +12,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -93,6 +93,11 @@ class Run(NamedTuple):
     context: dict[ContextVar[Any], Any]
 
 
+Handled = tuple[Action, "Run | None", Any, "BaseException | None"]
+"""What a face did with a job: the action, the run (None: it did not run), the consumer's
+result and its exception."""
+
+
 class FailedJob(NamedTuple):
     """A buried job: its payload (decoded; the raw body if that fails) and its failures."""
 
@@ -134,6 +139,7 @@ class Core(Generic[F]):
         self.running: dict[int, Running] = {}
         self._lock = threading.Lock()
         self._keys = itertools.count()
+        self._last: dict[str, Run] = {}
 
     # --- registration and puts --------------------------------------------------------
 
@@ -277,6 +283,30 @@ class Core(Generic[F]):
                 m.moved(job.tube, job.id, new_id)
                 if isinstance(action, Bury):
                     m.buried(job.tube, new_id, job.created_at)
+
+    def outcome(self, tube: str, handled: Handled) -> Any:
+        """What ``consume`` and ``retry_one_error`` give: the consumer's result, or its
+        exception raised (PayloadError if the job could not run)."""
+        action, run, result, error = handled
+        if run is None:
+            raise PayloadError(action.error if isinstance(action, Bury) else "not run")
+        with self._lock:
+            self._last[tube] = run
+        if error is not None:
+            raise error
+        return result
+
+    def last(self, tube: str) -> tuple[F, Run]:
+        """The consumer of ``tube`` and the last run ``outcome`` saw there (force_retry)."""
+        with self._lock:
+            run = self._last.get(tube)
+        if run is None:
+            raise NoJobError(f"no job of tube {tube!r} was consumed yet")
+        return self.consumers[tube].fn, run
+
+    def all_tubes(self, counted: Iterable[str]) -> list[str]:
+        """The tubes a health check looks at: those with consumers, and ``counted``."""
+        return sorted(set(self.consumers) | set(counted))
 
     # --- the watch --------------------------------------------------------------------
 

@@ -19,10 +19,9 @@ from typing import Any, Unpack, cast, overload
 from .._errors import ClosedError, K7Error
 from .._resource import Resource
 from ..jobs import JobStore
-from ._codec import PayloadError
-from ._core import Consumer, Core, FailedJob, NoJobError, OptionsDict, Run, make_options
+from ._core import Consumer, Core, FailedJob, Handled, NoJobError, OptionsDict, Run, make_options
 from ._monitor import Monitor
-from ._policy import Action, Bury, Defer, Delete, Options, Retry
+from ._policy import Action, Defer, Delete, Options, Retry
 from ._source import Deps, JobView, MemorySource, Session, Source, StoreSource
 
 log = logging.getLogger("k7core.workers")
@@ -94,7 +93,6 @@ class Worker(Resource):
         self._sessions: dict[int, Session] = {}  # by thread id, for stop()
         self._lock = threading.Lock()
         self._started = False
-        self._last: dict[str, Run] = {}
         self._closed = False
 
     @property
@@ -219,7 +217,7 @@ class Worker(Resource):
 
     def _handle(self, session: Session, job: JobView, *, gated: bool = True,
                 forced: bool = False
-                ) -> tuple[Action, Run | None, Any, BaseException | None]:
+                ) -> Handled:
         """Run one reserved job through the policy; returns what was done, the run, the
         consumer's result and its exception. ``forced``: run whatever the gate, and bury
         it again if it fails."""
@@ -275,29 +273,17 @@ class Worker(Resource):
             job = session.reserve((tube,), 0)
             if job is None:
                 raise NoJobError(f"no ready job in tube {tube!r}")
-            return self._outcome(tube, self._handle(session, job, gated=False))
+            return self._core.outcome(tube, self._handle(session, job, gated=False))
         finally:
             session.close()
-
-    def _outcome(self, tube: str,
-                 handled: tuple[Action, Run | None, Any, BaseException | None]) -> Any:
-        action, run, result, error = handled
-        if run is None:
-            raise PayloadError(action.error if isinstance(action, Bury) else "not run")
-        self._last[tube] = run
-        if error is not None:
-            raise error
-        return result
 
     def force_retry(self, tube: str) -> Any:
         """Run the consumer again on the payload (and context) of the last job
         :meth:`consume` or :meth:`retry_one_error` ran on ``tube``, to check that it is
         idempotent (yoltq's ``force-retry!``). Stores nothing."""
-        run = self._last.get(tube)
-        if run is None:
-            raise NoJobError(f"no job of tube {tube!r} was consumed yet")
+        fn, run = self._core.last(tube)
         with self._core.context(run):
-            return self._core.consumers[tube].fn(run.payload)
+            return fn(run.payload)
 
     def errors(self, tube: str) -> list[FailedJob]:
         """The buried jobs of ``tube`` with their errors (texts and tracebacks), oldest
@@ -314,7 +300,7 @@ class Worker(Resource):
         session = self._source.session()
         try:
             job = session.take(buried[0].id)
-            return self._outcome(tube, self._handle(session, job, forced=True))
+            return self._core.outcome(tube, self._handle(session, job, forced=True))
         finally:
             session.close()
 
@@ -338,8 +324,8 @@ class Worker(Resource):
 
     def check_health(self) -> bool:
         """Judge health now (the watch thread does every ``health_interval``)."""
-        tubes = set(self._core.tubes()) | set(self._source.counts())
-        return self._core.check_health({t: self._source.buried(t) for t in sorted(tubes)})
+        tubes = self._core.all_tubes(self._source.counts())
+        return self._core.check_health({t: self._source.buried(t) for t in tubes})
 
     def healthy(self) -> bool | None:
         """yoltq's ``healthy?``: None before the first check; True during the start-up

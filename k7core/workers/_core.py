@@ -292,7 +292,7 @@ class Core(Generic[F]):
             raise PayloadError(action.error if isinstance(action, Bury) else "not run")
         with self._lock:
             self._last[tube] = run
-        if error is not None:
+        if error is not None and not isinstance(action, Delete):
             raise error
         return result
 

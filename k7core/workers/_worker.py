@@ -93,6 +93,7 @@ class Worker(Resource):
         self._sessions: dict[int, Session] = {}  # by thread id, for stop()
         self._lock = threading.Lock()
         self._started = False
+        self._testing = testing
         self._closed = False
 
     @property
@@ -144,10 +145,11 @@ class Worker(Resource):
     # --- running ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the consumers' threads and the watch thread."""
+        """Start the consumers' threads and the watch thread (in the test mode, nothing:
+        jobs run only through :meth:`consume`)."""
         self._check_open()
         with self._lock:
-            if self._started:
+            if self._started or self._testing:
                 return
             self._started = True
             for consumer in self._core.consumers.values():

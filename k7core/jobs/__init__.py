@@ -11,7 +11,6 @@ from ._errors import DependencyError as DependencyError
 from ._errors import InvalidJobError as InvalidJobError
 from ._errors import JobNotFoundError as JobNotFoundError
 from ._machine import Job as Job
-from ._machine import JobMachine as JobMachine
 from ._machine import JobState as JobState
 from ._store import JOURNAL_SEGMENT as JOURNAL_SEGMENT
 from ._store import MAX_BODY as MAX_BODY
@@ -26,7 +25,6 @@ __all__ = [
     "DependencyError",
     "InvalidJobError",
     "Job",
-    "JobMachine",
     "JobNotFoundError",
     "JobOwner",
     "JobState",

@@ -13,7 +13,8 @@ import itertools
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol
 
-from ..jobs import Job, JobMachine, JobOwner, JobState, JobStore
+from ..jobs import Job, JobOwner, JobState, JobStore
+from ..jobs._machine import JobMachine
 
 
 class JobView(NamedTuple):
@@ -104,7 +105,7 @@ class StoreSource:
     def __init__(self, store: JobStore) -> None:
         self.store = store
 
-    def session(self) -> StoreSession:
+    def session(self) -> Session:
         return StoreSession(self.store.owner())
 
     def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
@@ -195,7 +196,7 @@ class MemorySource:
         self.machine = JobMachine()
         self._ids = itertools.count(1)
 
-    def session(self) -> MemorySession:
+    def session(self) -> Session:
         return MemorySession(self)
 
     def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,

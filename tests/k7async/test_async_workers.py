@@ -1,0 +1,157 @@
+"""k7async.AsyncWorker under asyncio and trio: the test mode, and tasks over a job store on
+disk under "flush" (calls in the loop) and "sync" (the owner thread, group commit)."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import k7async
+from k7core.workers import Backoff, ManualClock, MemorySource, NoJobError
+
+pytestmark = pytest.mark.anyio
+
+trace_id: contextvars.ContextVar[str] = contextvars.ContextVar("trace_id")
+
+
+async def test_the_test_mode_consumes_retries_and_forces_a_retry() -> None:
+    clock = ManualClock()
+    async with k7async.AsyncWorker(MemorySource(clock),
+                                   backoff=Backoff(base=5.0, jitter=0.0)) as w:
+        calls: list[Any] = []
+
+        @w.consumer("q", max_retries=1, context=[trace_id])
+        async def c(p: Any) -> str:
+            calls.append((p, trace_id.get("-")))
+            if len(calls) == 1:
+                raise TimeoutError("slow downstream")
+            return f"sent {p}"
+
+        token = trace_id.set("t-1")
+        await w.put("q", "mail")
+        trace_id.reset(token)
+        with pytest.raises(TimeoutError):
+            await w.consume("q")
+        with pytest.raises(NoJobError):
+            await w.consume("q")
+        clock.advance(5.0)
+        assert await w.consume("q") == "sent mail"
+        assert await w.force_retry("q") == "sent mail"
+        assert calls == [("mail", "t-1")] * 3
+        assert await w.stats() == {}
+        assert w.retry_stats()["q"]["retried_ok"] == 1
+
+
+async def test_errors_and_retry_one_error() -> None:
+    async with k7async.AsyncWorker(MemorySource()) as w:
+        broken = [True]
+
+        @w.consumer("q", max_retries=0, valid_payload=lambda p: p != "invalid")
+        async def c(p: Any) -> Any:
+            if broken[0]:
+                raise ValueError("no")
+            return p
+
+        await w.put("q", "invalid")
+        with pytest.raises(Exception, match="valid_payload"):
+            await w.consume("q")
+        [failed] = await w.errors("q")
+        assert failed.payload == "invalid"
+        with pytest.raises(Exception, match="valid_payload"):
+            await w.retry_one_error("q")  # still invalid: buried again
+        assert await w.retry_errors("q") == 1
+        with pytest.raises(Exception, match="valid_payload"):
+            await w.consume("q")
+        assert await w.check_health() is True
+
+
+@pytest.mark.parametrize("fsync", ["flush", "sync"])
+async def test_tasks_run_every_job_once(tmp_path: Path, fsync: str) -> None:
+    n = 500
+    seen: list[int] = []
+    done = anyio.Event()
+    async with k7async.open_jobs(tmp_path / "j", fsync=fsync) as store:
+        async with k7async.AsyncWorker(store) as w:
+            @w.consumer("t", concurrency=3)
+            async def c(p: int) -> None:
+                seen.append(p)
+                await anyio.lowlevel.checkpoint()
+                if len(seen) == n:
+                    done.set()
+
+            for i in range(n):
+                await w.put("t", i)
+            with anyio.fail_after(60):
+                await done.wait()
+        assert sorted(seen) == list(range(n))
+        assert len(store.store) == 0
+        assert w.processing_time_stats()["t"]["count"] == n
+
+
+async def test_exit_cancels_a_running_job_after_the_stop_timeout_and_it_is_ready(
+        tmp_path: Path) -> None:
+    started = anyio.Event()
+    async with k7async.open_jobs(tmp_path / "j", fsync="flush") as store:
+        async with k7async.AsyncWorker(store, stop_timeout=0.05) as w:
+            @w.consumer("t")
+            async def c(p: int) -> None:
+                started.set()
+                await anyio.sleep_forever()
+
+            job_id = await w.put("t", 1)
+            with anyio.fail_after(30):
+                await started.wait()
+        job = store.store.peek(job_id)
+        assert job is not None and job.state == "ready" and not job.errors
+
+
+async def test_a_failing_job_goes_back_delayed_with_its_error(tmp_path: Path) -> None:
+    failed = anyio.Event()
+    async with k7async.open_jobs(tmp_path / "j", fsync="flush") as store:
+        async with k7async.AsyncWorker(store) as w:
+            @w.consumer("t", backoff=Backoff(base=30.0))
+            async def c(p: int) -> None:
+                failed.set()
+                raise KeyError(p)
+
+            job_id = await w.put("t", 9)
+            with anyio.fail_after(30):
+                await failed.wait()
+                while (job := store.store.peek(job_id)) is None or job.state != "delayed":
+                    await anyio.sleep(0.01)
+        assert job.errors[0].startswith("#1 KeyError: 9")
+
+
+async def test_a_slow_job_is_logged_with_its_task_stack(tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture
+                                                         ) -> None:
+    logged = anyio.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "max_execute_time" in record.getMessage():
+                logged.set()
+
+    handler = Seen()
+    logging.getLogger("k7core.workers").addHandler(handler)
+    try:
+        async with (k7async.open_jobs(tmp_path / "j", fsync="flush") as store,
+                    k7async.AsyncWorker(store, max_execute_time=0.01, stop_timeout=0.0) as w):
+            async def waits_in_here(p: int) -> None:
+                await anyio.sleep_forever()
+
+            w.consumer("t", waits_in_here)
+            with caplog.at_level(logging.ERROR, "k7core.workers"):
+                await w.put("t", 1)
+                with anyio.fail_after(30):
+                    await logged.wait()
+            assert await w.check_health() is False
+    finally:
+        logging.getLogger("k7core.workers").removeHandler(handler)
+    [msg] = [r.getMessage() for r in caplog.records if "max_execute_time" in r.getMessage()]
+    assert "in waits_in_here" in msg and "sleep_forever" in msg

@@ -394,20 +394,22 @@ class AsyncWorker:
     async def _slot(self, consumer: Consumer[AsyncConsumer]) -> None:
         tubes = (consumer.tube,)
         pace = Pace()
+        me = anyio.get_current_task()
         try:
             while not self._stopping:
                 session = self._src.session()
                 try:
                     while not self._stopping:
-                        job = None  # stays None if stop() cancels the reserve
-                        with anyio.CancelScope() as scope:
-                            self._waiting.add(scope)
-                            try:
-                                job = await session.reserve(tubes, None)
-                            finally:
-                                self._waiting.discard(scope)
+                        job = await session.reserve(tubes, 0)
+                        if job is None:  # wait, in a scope stop() cancels
+                            with anyio.CancelScope() as scope:
+                                self._waiting.add(scope)
+                                try:
+                                    job = await session.reserve(tubes, None)
+                                finally:
+                                    self._waiting.discard(scope)
                         if job is not None:
-                            await self._handle(session, job)
+                            await self._handle(session, job, task=me)
                             await pace.checkpoint()
                 except Exception:
                     log.exception("worker of tube %r: the job source failed; again in 1 s",
@@ -422,7 +424,7 @@ class AsyncWorker:
                 self._idle.set()
 
     async def _handle(self, session: AsyncSession, job: JobView, *, gated: bool = True,
-                      forced: bool = False) -> Handled:
+                      forced: bool = False, task: anyio.TaskInfo | None = None) -> Handled:
         core = self._core
         step = core.start(job, gated=gated and not forced)
         if not isinstance(step, Run):
@@ -430,7 +432,7 @@ class AsyncWorker:
             return step, None, None, None
         fn = core.consumers[job.tube].fn
         with core.context(step):
-            handle = core.begin(job, (anyio.get_current_task(), session))
+            handle = core.begin(job, (task or anyio.get_current_task(), session))
             result, error = None, None
             try:
                 result = await fn(step.payload)

@@ -57,7 +57,14 @@ def _msgpack() -> Codec:
                  lambda b: msgpack.unpackb(b))
 
 
-JSON = Codec("json", _json_encode, json.loads)
+_json_decoder = json.JSONDecoder()
+
+
+def _json_decode(data: bytes) -> Any:
+    return _json_decoder.decode(data.decode())
+
+
+JSON = Codec("json", _json_encode, _json_decode)
 """The default: UTF-8 JSON, readable by clients in any language."""
 PICKLE = Codec("pickle", lambda v: pickle.dumps(v, protocol=5), pickle.loads)
 """Any picklable object. Opt-in: unpickling runs code named by the data, so only for

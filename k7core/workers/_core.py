@@ -13,7 +13,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
@@ -37,6 +37,8 @@ from ._policy import (
 from ._source import Deps, JobView
 
 log = logging.getLogger("k7core.workers")
+_NO_CONTEXT: dict[ContextVar[Any], Any] = {}
+_NOTHING = nullcontext()
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -190,22 +192,21 @@ class Core(Generic[F]):
     def start(self, job: JobView, *, gated: bool = True) -> Run | Bury | Defer:
         """Decode ``job``; Bury if it cannot be decoded or fails ``valid_payload``; Defer if
         it failed before and the tube's gate is closed (``gated``)."""
-        o = self.options(job.tube)
-        now = self.clock()
-        if gated:
+        consumer = self.consumers.get(job.tube)
+        o = self.defaults if consumer is None else consumer.options
+        if gated and job.errors:
             with self._lock:
-                wait = self.gates.wait(job.tube, job.errors, now)
-            if wait > 0:
-                with self._lock:
+                wait = self.gates.wait(job.tube, job.errors, self.clock())
+                if wait > 0:
                     self.monitor.deferred(job.tube)
-                return Defer(wait)
+                    return Defer(wait)
         try:
             envelope = unpack(job.body)
             payload = o.codec.decode(envelope.payload)
         except Exception as exc:
             return self._invalid(job, exc)
         context = {var: envelope.context[var.name] for var in o.context
-                   if var.name in envelope.context}
+                   if var.name in envelope.context} if envelope.context else _NO_CONTEXT
         if o.valid_payload is not None:
             try:
                 valid = o.valid_payload(payload)
@@ -221,10 +222,13 @@ class Core(Generic[F]):
                   text.splitlines()[0])
         return Bury(text)
 
-    @contextmanager
-    def context(self, run: Run) -> Iterator[None]:
+    def context(self, run: Run) -> AbstractContextManager[None]:
         """The job's context variables set (around its consumer and the worker's log
         lines about it), and reset after."""
+        return self._context(run) if run.context else _NOTHING
+
+    @contextmanager
+    def _context(self, run: Run) -> Iterator[None]:
         tokens = [(var, var.set(value)) for var, value in run.context.items()]
         try:
             yield
@@ -237,15 +241,13 @@ class Core(Generic[F]):
         for :meth:`end`."""
         now = self.clock()
         handle = next(self._keys)
-        with self._lock:
-            self.running[handle] = Running(job, self.options(job.tube), now, now, where)
+        # one dict item set or popped: atomic, no lock (due() copies the values at once)
+        self.running[handle] = Running(job, self.options(job.tube), now, now, where)
         return handle
 
     def end(self, handle: int) -> float:
         """The run of :meth:`begin` is over; returns how long it took."""
-        with self._lock:
-            r = self.running.pop(handle)
-        return self.clock() - r.started
+        return self.clock() - self.running.pop(handle).started
 
     def finish(self, job: JobView, exc: BaseException | None, *, bury: bool = False
                ) -> Delete | Retry | Bury:
@@ -316,7 +318,7 @@ class Core(Generic[F]):
         now = self.clock()
         touch, slow = [], []
         with self._lock:
-            for r in self.running.values():
+            for r in list(self.running.values()):
                 if now - r.touched >= r.options.ttr / 3:
                     r.touched = now
                     touch.append(r)
@@ -348,7 +350,7 @@ class Core(Generic[F]):
     def _slow(self) -> bool:
         now = self.clock()
         return any(now - r.started > r.options.max_execute_time
-                   for r in self.running.values())
+                   for r in list(self.running.values()))
 
     def healthy(self) -> bool | None:
         with self._lock:

@@ -524,6 +524,10 @@ class AsyncWorker:
         tubes = self._core.all_tubes(await self._src.counts())
         return self._core.check_health({t: await self._src.buried(t) for t in tubes})
 
+    def running(self) -> dict[str, int]:
+        """:meth:`k7core.workers.Worker.running`."""
+        return self._core.running_counts()
+
     def healthy(self) -> bool | None:
         """:meth:`k7core.workers.Worker.healthy`."""
         return self._core.healthy()

@@ -352,6 +352,13 @@ class Core(Generic[F]):
         return any(now - r.started > r.options.max_execute_time
                    for r in list(self.running.values()))
 
+    def running_counts(self) -> dict[str, int]:
+        """Per tube, jobs running now."""
+        out: dict[str, int] = {}
+        for r in list(self.running.values()):
+            out[r.job.tube] = out.get(r.job.tube, 0) + 1
+        return out
+
     def healthy(self) -> bool | None:
         with self._lock:
             return self.monitor.healthy(self.clock())

@@ -329,6 +329,10 @@ class Worker(Resource):
         tubes = self._core.all_tubes(self._source.counts())
         return self._core.check_health({t: self._source.buried(t) for t in tubes})
 
+    def running(self) -> dict[str, int]:
+        """Per tube, jobs running now."""
+        return self._core.running_counts()
+
     def healthy(self) -> bool | None:
         """yoltq's ``healthy?``: None before the first check; True during the start-up
         grace; False while a tube has a failing job (retrying or buried) created more than

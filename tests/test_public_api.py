@@ -26,10 +26,11 @@ from k7core.beanstalk import ProtocolError
 from k7core.spark import K7DataLossError, K7OptionError
 
 PACKAGES = ("k7core", "k7async")
-ALL_PUBLIC = ["k7core", "k7core.jobs", "k7core.jobs.metrics", "k7core.spark", "k7core.workers",
-              "k7core.workers.metrics",
-              "k7core.metrics", "k7core.beanstalk", "k7core.beanstalk.protocol", "k7async",
-              "k7async.server", "k7async.server.metrics"]
+ALL_PUBLIC = ["k7core", "k7core.jobs", "k7core.jobs.metrics", "k7core.spark",
+              "k7core.workers", "k7core.workers.metrics",
+              "k7core.metrics", "k7core.beanstalk", "k7core.beanstalk.protocol",
+              "k7core.beanstalk.calls", "k7async", "k7async.beanstalk", "k7async.server",
+              "k7async.server.metrics"]
 
 
 def test_errors_are_grouped() -> None:
@@ -94,7 +95,8 @@ def test_all_names_exist_and_are_public(name: str) -> None:
 
 @pytest.mark.parametrize(
     "name", ["k7core", "k7core.jobs", "k7core.jobs.metrics", "k7core.spark", "k7core.metrics",
-             "k7core.workers", "k7async"]
+             "k7core.beanstalk", "k7core.beanstalk.calls", "k7core.workers", "k7async",
+             "k7async.beanstalk"]
 )
 def test_exports_report_their_public_module(name: str) -> None:
     mod = _module(name)
@@ -161,7 +163,8 @@ def _annotated(obj: Any) -> Iterator[tuple[str, Any]]:
 
 @pytest.mark.parametrize(
     "name", ["k7core", "k7core.jobs", "k7core.jobs.metrics", "k7core.spark", "k7core.metrics",
-             "k7core.workers", "k7async"]
+             "k7core.beanstalk", "k7core.beanstalk.calls", "k7core.workers", "k7async",
+             "k7async.beanstalk"]
 )
 def test_what_public_calls_take_and_return_is_exported(name: str) -> None:
     """Users hold what a public function or method returns and build what it takes: every

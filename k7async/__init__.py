@@ -30,14 +30,16 @@ from ._queue import AsyncQueue as AsyncQueue
 from ._queue import open_queue as open_queue
 from ._registry import queue_writer as queue_writer
 from ._types import Payload as Payload
-from ._workers import AsyncSession as AsyncSession
-from ._workers import AsyncSource as AsyncSource
-from ._workers import AsyncStoreSource as AsyncStoreSource
+from ._worker_sources import AsyncBeanstalkSource as AsyncBeanstalkSource
+from ._worker_sources import AsyncSession as AsyncSession
+from ._worker_sources import AsyncSource as AsyncSource
+from ._worker_sources import AsyncStoreSource as AsyncStoreSource
+from ._worker_sources import InlineSource as InlineSource
 from ._workers import AsyncWorker as AsyncWorker
-from ._workers import InlineSource as InlineSource
 from ._writer import QueueWriter as QueueWriter
 
 __all__ = [
+    "AsyncBeanstalkSource",
     "AsyncJobOwner",
     "AsyncJobStore",
     "AsyncQueue",

@@ -11,20 +11,18 @@ that waits is woken by the store's ready listener, no thread), a
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 import traceback
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Protocol, Self, TypeVar, Unpack, cast, overload
+from typing import Any, Self, Unpack, cast, overload
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from k7core import ClosedError, Fsync, K7Error
-from k7core.jobs import JobOwner, JobStore
+from k7core import ClosedError, K7Error
 from k7core.workers import (
     FailedJob,
     JobView,
@@ -32,209 +30,25 @@ from k7core.workers import (
     NoJobError,
     Options,
     OptionsDict,
-    Session,
-    Source,
 )
-from k7core.workers._core import Consumer, Core, Handled, Run, make_options
+from k7core.workers._core import HEALTH_LIMIT, Consumer, Core, Handled, Run, make_options
 from k7core.workers._monitor import Monitor
 from k7core.workers._policy import Action, Defer, Delete, Retry
-from k7core.workers._source import Deps, view
+from k7core.workers._source import Deps
 
-from ._bridge import Pace, post
+from ._bridge import Pace
 from ._jobs import AsyncJobStore
+from ._worker_sources import (
+    AsyncBeanstalkSource,
+    AsyncSession,
+    AsyncSource,
+    AsyncStoreSource,
+    InlineSource,
+)
 
 log = logging.getLogger("k7core.workers")
-T = TypeVar("T")
 
 AsyncConsumer = Callable[[Any], Awaitable[Any]]
-
-
-class AsyncSession(Protocol):
-    """:class:`k7core.workers.Session`, awaitable."""
-
-    async def reserve(self, tubes: tuple[str, ...], timeout: float | None
-                      ) -> JobView | None: ...
-    async def delete(self, job: JobView) -> None: ...
-    async def release(self, job: JobView, delay: float, error: str | None) -> int: ...
-    async def bury(self, job: JobView, error: str) -> int: ...
-    async def touch(self, job: JobView) -> None: ...
-    async def take(self, job_id: int) -> JobView: ...
-    async def aclose(self) -> None: ...
-
-
-class AsyncSource(Protocol):
-    """:class:`k7core.workers.Source`, awaitable."""
-
-    def session(self) -> AsyncSession: ...
-    async def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
-                  key: str | None, depends_on: Deps) -> int: ...
-    async def buried(self, tube: str) -> list[JobView]: ...
-    async def kick(self, tube: str, bound: int) -> int: ...
-    async def kick_job(self, job_id: int) -> None: ...
-    async def counts(self) -> dict[str, dict[str, int]]: ...
-    async def aclose(self) -> None: ...
-
-
-# --- an in-process job store ---------------------------------------------------------------
-
-
-class _StoreSession:
-    def __init__(self, source: AsyncStoreSource, owner: JobOwner) -> None:
-        self._source = source
-        self._owner = owner
-
-    async def reserve(self, tubes: tuple[str, ...], timeout: float | None
-                      ) -> JobView | None:
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
-        while True:
-            job = self._owner.reserve(tubes, timeout=0)
-            if job is not None:
-                return view(job)
-            woken = self._source.woken  # taken before any await: no wake-up is missed
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            with anyio.move_on_after(left):
-                await woken.wait()
-
-    async def delete(self, job: JobView) -> None:
-        await self._source.call(lambda: self._owner.delete(job.id))
-
-    async def release(self, job: JobView, delay: float, error: str | None) -> int:
-        await self._source.call(lambda: self._owner.release(job.id, delay=delay, error=error))
-        return job.id
-
-    async def bury(self, job: JobView, error: str) -> int:
-        await self._source.call(lambda: self._owner.bury(job.id, error=error))
-        return job.id
-
-    async def touch(self, job: JobView) -> None:
-        self._owner.touch(job.id)  # not journaled: never waits
-
-    async def take(self, job_id: int) -> JobView:
-        return view(await self._source.call(lambda: self._owner.reserve_job(job_id)))
-
-    async def aclose(self) -> None:
-        self._owner.close()
-
-
-class AsyncStoreSource:
-    """An :class:`AsyncJobStore` as an :class:`AsyncSource` (make it in the event loop that
-    uses it; :meth:`aclose` it there)."""
-
-    def __init__(self, store: AsyncJobStore) -> None:
-        self._astore = store
-        self._store: JobStore = store.store
-        self._sync = self._store.fsync is Fsync.SYNC
-        self._token = anyio.lowlevel.current_token()
-        self.woken = anyio.Event()
-        """Set (and replaced) whenever jobs may have become ready."""
-        self._posted = False
-        self._store.add_ready_listener(self._listener)
-
-    def _listener(self) -> None:  # any thread, the store's lock held
-        if not self._posted:
-            self._posted = True
-            post(self._token, self._wake)
-
-    def _wake(self) -> None:
-        self._posted = False
-        woken, self.woken = self.woken, anyio.Event()
-        woken.set()
-
-    async def call(self, fn: Callable[[], T]) -> T:
-        """``fn()`` here under flush/async (microseconds), on the owner thread under sync
-        (its msync shared with the other calls of the moment)."""
-        if self._sync:
-            return await self._astore.run(lambda _: fn())
-        return fn()
-
-    def session(self) -> _StoreSession:
-        return _StoreSession(self, self._store.owner())
-
-    async def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
-                  key: str | None, depends_on: Deps) -> int:
-        return await self._astore.put(body, tube=tube, priority=priority, delay=delay,
-                                      ttr=ttr, key=key, depends_on=depends_on)
-
-    async def buried(self, tube: str) -> list[JobView]:
-        return [view(j) for j in self._store.errors(tube)]
-
-    async def kick(self, tube: str, bound: int) -> int:
-        return await self.call(lambda: self._store.kick(tube, bound))
-
-    async def kick_job(self, job_id: int) -> None:
-        await self.call(lambda: self._store.kick_job(job_id))
-
-    async def counts(self) -> dict[str, dict[str, int]]:
-        return {tube: {"ready": o.ready, "delayed": o.delayed, "reserved": o.reserved,
-                       "buried": o.buried, "waiting": o.waiting}
-                for tube, o in self._store.overview().items()}
-
-    async def aclose(self) -> None:
-        if not self._store.closed:
-            self._store.remove_ready_listener(self._listener)
-
-
-# --- a source whose calls never wait (the test mode's) ---------------------------------------
-
-
-class _InlineSession:
-    def __init__(self, session: Session) -> None:
-        self._s = session
-
-    async def reserve(self, tubes: tuple[str, ...], timeout: float | None
-                      ) -> JobView | None:
-        return self._s.reserve(tubes, 0)
-
-    async def delete(self, job: JobView) -> None:
-        self._s.delete(job)
-
-    async def release(self, job: JobView, delay: float, error: str | None) -> int:
-        return self._s.release(job, delay, error)
-
-    async def bury(self, job: JobView, error: str) -> int:
-        return self._s.bury(job, error)
-
-    async def touch(self, job: JobView) -> None:
-        self._s.touch(job)
-
-    async def take(self, job_id: int) -> JobView:
-        return self._s.take(job_id)
-
-    async def aclose(self) -> None:
-        self._s.close()
-
-
-class InlineSource:
-    """A :class:`k7core.workers.Source` whose calls never wait (a MemorySource) as an
-    :class:`AsyncSource`: its calls run in the event loop."""
-
-    def __init__(self, source: Source) -> None:
-        self.source = source
-
-    def session(self) -> _InlineSession:
-        return _InlineSession(self.source.session())
-
-    async def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
-                  key: str | None, depends_on: Deps) -> int:
-        return self.source.put(body, tube=tube, priority=priority, delay=delay, ttr=ttr,
-                               key=key, depends_on=depends_on)
-
-    async def buried(self, tube: str) -> list[JobView]:
-        return self.source.buried(tube)
-
-    async def kick(self, tube: str, bound: int) -> int:
-        return self.source.kick(tube, bound)
-
-    async def kick_job(self, job_id: int) -> None:
-        self.source.kick_job(job_id)
-
-    async def counts(self) -> dict[str, dict[str, int]]:
-        return self.source.counts()
-
-    async def aclose(self) -> None:
-        self.source.close()
 
 
 # --- the worker ------------------------------------------------------------------------------
@@ -267,12 +81,14 @@ def task_stack(task: anyio.TaskInfo) -> str:
 class AsyncWorker:
     """Runs async consumers on jobs of a source, as tasks, while its ``async with`` block
     runs; :class:`k7core.workers.Worker`'s twin (same options, same rules). The source: an
-    :class:`AsyncJobStore`, a :class:`k7core.workers.MemorySource` (test mode: nothing runs
-    by itself, :meth:`consume` runs one job), or an :class:`AsyncSource`."""
+    :class:`AsyncJobStore`, a beanstalkd address (``beanstalk://host:port``, ``host:port``,
+    ``unix:/path``: our server or beanstalkd itself), a :class:`k7core.workers.MemorySource`
+    (test mode: nothing runs by itself, :meth:`consume` runs one job), or an
+    :class:`AsyncSource`."""
 
     def __init__(
         self,
-        source: AsyncJobStore | MemorySource | AsyncSource,
+        source: AsyncJobStore | MemorySource | AsyncSource | str,
         *,
         health_interval: float = 10.0,
         stop_timeout: float = 30.0,
@@ -305,7 +121,9 @@ class AsyncWorker:
 
     async def __aenter__(self) -> Self:
         spec = self._spec
-        if isinstance(spec, AsyncJobStore):
+        if isinstance(spec, str):
+            self._source = AsyncBeanstalkSource(spec)
+        elif isinstance(spec, AsyncJobStore):
             self._source = AsyncStoreSource(spec)
         elif isinstance(spec, MemorySource):
             self._source = InlineSource(spec)
@@ -522,7 +340,8 @@ class AsyncWorker:
     async def check_health(self) -> bool:
         """:meth:`k7core.workers.Worker.check_health`."""
         tubes = self._core.all_tubes(await self._src.counts())
-        return self._core.check_health({t: await self._src.buried(t) for t in tubes})
+        return self._core.check_health({t: await self._src.buried(t, HEALTH_LIMIT)
+                                        for t in tubes})
 
     def running(self) -> dict[str, int]:
         """:meth:`k7core.workers.Worker.running`."""

@@ -37,6 +37,8 @@ from ._policy import (
 from ._source import Deps, JobView
 
 log = logging.getLogger("k7core.workers")
+HEALTH_LIMIT = 100
+"""Buried jobs per tube a health check looks at (the oldest buried)."""
 _NO_CONTEXT: dict[ContextVar[Any], Any] = {}
 _NOTHING = nullcontext()
 

@@ -55,8 +55,8 @@ class Source(Protocol):
     def session(self) -> Session: ...
     def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
             key: str | None, depends_on: Deps) -> int: ...
-    def buried(self, tube: str) -> list[JobView]:
-        """The buried jobs of ``tube``, oldest buried first."""
+    def buried(self, tube: str, limit: int | None = None) -> list[JobView]:
+        """The buried jobs of ``tube`` (the first ``limit``), oldest buried first."""
     def kick(self, tube: str, bound: int) -> int: ...
     def kick_job(self, job_id: int) -> None: ...
     def counts(self) -> dict[str, dict[str, int]]:
@@ -113,8 +113,8 @@ class StoreSource:
         return self.store.put(body, tube=tube, priority=priority, delay=delay, ttr=ttr,
                               key=key, depends_on=depends_on)
 
-    def buried(self, tube: str) -> list[JobView]:
-        return [view(j) for j in self.store.errors(tube)]
+    def buried(self, tube: str, limit: int | None = None) -> list[JobView]:
+        return [view(j) for j in self.store.errors(tube)[:limit]]
 
     def kick(self, tube: str, bound: int) -> int:
         return self.store.kick(tube, bound)
@@ -209,8 +209,8 @@ class MemorySource:
         self.machine.apply_put(job_id, plan)
         return job_id
 
-    def buried(self, tube: str) -> list[JobView]:
-        return [view(j) for j in self.machine.errors(tube)]
+    def buried(self, tube: str, limit: int | None = None) -> list[JobView]:
+        return [view(j) for j in self.machine.errors(tube)[:limit]]
 
     def kick(self, tube: str, bound: int) -> int:
         ids = self.machine.plan_kick(tube, bound)

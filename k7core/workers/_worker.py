@@ -19,7 +19,18 @@ from typing import Any, Unpack, cast, overload
 from .._errors import ClosedError, K7Error
 from .._resource import Resource
 from ..jobs import JobStore
-from ._core import Consumer, Core, FailedJob, Handled, NoJobError, OptionsDict, Run, make_options
+from ._beanstalk import BeanstalkSource
+from ._core import (
+    HEALTH_LIMIT,
+    Consumer,
+    Core,
+    FailedJob,
+    Handled,
+    NoJobError,
+    OptionsDict,
+    Run,
+    make_options,
+)
 from ._monitor import Monitor
 from ._policy import Action, Defer, Delete, Options, Retry
 from ._source import Deps, JobView, MemorySource, Session, Source, StoreSource
@@ -27,6 +38,7 @@ from ._source import Deps, JobView, MemorySource, Session, Source, StoreSource
 log = logging.getLogger("k7core.workers")
 
 SyncConsumer = Callable[[Any], Any]
+
 
 
 def apply(session: Session, job: JobView, action: Action) -> int:
@@ -46,8 +58,7 @@ def source_of(spec: JobStore | Source | str) -> Source:
     if isinstance(spec, JobStore):
         return StoreSource(spec)
     if isinstance(spec, str):
-        raise K7Error(f"cannot open {spec!r} as a job source yet",
-                      hint="pass a k7core.jobs.JobStore or a Source")
+        return BeanstalkSource(spec)
     if callable(getattr(spec, "session", None)):
         return spec
     raise K7Error(f"{spec!r} is not a job source",
@@ -78,6 +89,7 @@ class Worker(Resource):
     ) -> None:
         self._closed = True
         self._source = source_of(source)
+        self._owns_source = isinstance(source, str)
         testing = isinstance(self._source, MemorySource)
         if clock is None:
             clock = self._source.clock if isinstance(self._source, MemorySource) else time.time
@@ -186,6 +198,8 @@ class Worker(Resource):
             return
         self._closed = True
         self.stop()
+        if self._owns_source:
+            self._source.close()
 
     def __enter__(self) -> Worker:
         self.start()
@@ -327,7 +341,8 @@ class Worker(Resource):
     def check_health(self) -> bool:
         """Judge health now (the watch thread does every ``health_interval``)."""
         tubes = self._core.all_tubes(self._source.counts())
-        return self._core.check_health({t: self._source.buried(t) for t in tubes})
+        return self._core.check_health({t: self._source.buried(t, HEALTH_LIMIT)
+                                        for t in tubes})
 
     def running(self) -> dict[str, int]:
         """Per tube, jobs running now."""

@@ -18,6 +18,7 @@ from anyio.abc import ByteStream
 
 from k7core.beanstalk import (
     Address,
+    BeanstalkError,
     Call,
     ClientState,
     PeekedJob,
@@ -108,13 +109,15 @@ class AsyncClient:
                     await stream.send(call.request)
                     while (reply := parser.next()) is None:
                         parser.feed(await stream.receive(RECEIVE_SIZE))
+                return call.result(reply)
+            except BeanstalkError:
+                raise  # a failure reply: the connection is fine
             except BaseException as e:
                 error = self._state.failed(call, e, lost=_LOST)
                 await anyio.aclose_forcefully(stream)
                 if error is e:
                     raise
                 raise error from e
-        return call.result(reply)
 
     # --- the commands (see k7core.beanstalk.calls) ------------------------------------
 

@@ -13,6 +13,7 @@ import k7core.beanstalk.calls as calls
 
 from .._resource import Resource
 from ._address import Address, parse_address
+from ._errors import BeanstalkError
 from ._state import ClientState
 from .calls import Call, PeekedJob, ReservedJob, Stats
 from .protocol import Reply
@@ -84,14 +85,15 @@ class Client(Resource):
             try:
                 self._sock.settimeout(self._state.timeout)
                 self._sock.sendall(call.request)
-                reply = self._receive(call.reply_limit(self._state.timeout))
+                return call.result(self._receive(call.reply_limit(self._state.timeout)))
+            except BeanstalkError:
+                raise  # a failure reply: the connection is fine
             except BaseException as e:
                 error = self._state.failed(call, e, lost=(EOFError, OSError))
                 _shut(self._sock)
                 if error is e:
                     raise
                 raise error from e
-        return call.result(reply)
 
     def _receive(self, limit: float | None) -> Reply:
         parser, sock = self._state.parser, self._sock

@@ -191,12 +191,16 @@ def session() -> Session:
     assert (yield do("pause_tube", "emails", LONG)) is None
     assert _stats((yield do("stats_tube", "emails")))["pause"] == LONG
     assert (yield do("reserve", timeout=0)) is None  # two ready jobs, but paused
+    assert _job((yield do("reserve_job", a))).id == a  # reserve-job takes it all the same
+    assert (yield do("release", a, priority=7)) is None
     tubes = yield do("list_tubes")
     assert isinstance(tubes, list) and sorted(tubes) == ["default", "emails"]
 
     assert (yield do("use", "other")) == "other"
     assert (yield do("watch", "other")) == 2
     assert (yield do("ignore", "emails")) == 1
+    assert _job((yield do("reserve_job", b))).id == b  # from a tube no longer watched too
+    assert (yield do("release", b, priority=20)) is None
     c = yield do("put", b"other job", ttr=1)
     assert isinstance(c, int)
     assert _job((yield do("reserve", timeout=0))).id == c

@@ -200,14 +200,21 @@ class AsyncClient:
         return await self.call(calls.pause_tube(tube, delay))
 
     async def quit(self) -> None:
-        """Send quit and close: the server puts this connection's reservations back to
-        ready. (Closing does the same.)"""
-        async with self._lock:
-            if not self.closed:
-                # gone already, or too slow: closing is all that is left
-                with contextlib.suppress(TimeoutError, *_LOST), \
-                        anyio.fail_after(self._state.timeout):
-                    await self._stream.send(calls.quit())
+        """Send quit (unless a call is under way: it ends as with :meth:`aclose`) and close:
+        the server puts this connection's reservations back to ready, as on a close."""
+        try:
+            self._lock.acquire_nowait()
+        except anyio.WouldBlock:
+            pass
+        else:
+            try:
+                if not self.closed:
+                    # gone already, or too slow: only closing is left
+                    with contextlib.suppress(TimeoutError, *_LOST), \
+                            anyio.fail_after(self._state.timeout):
+                        await self._stream.send(calls.quit())
+            finally:
+                self._lock.release()
         await self.aclose()
 
 

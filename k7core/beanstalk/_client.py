@@ -193,13 +193,16 @@ class Client(Resource):
         return self.call(calls.pause_tube(tube, delay))
 
     def quit(self) -> None:
-        """Send quit and close: the server puts this connection's reservations back to
-        ready. (Closing does the same.)"""
-        with self._lock:
-            if not self.closed:
-                with contextlib.suppress(OSError):  # gone already: closing is all that is left
-                    self._sock.settimeout(self._state.timeout)
-                    self._sock.sendall(calls.quit())
+        """Send quit (unless a call is under way: it ends as with :meth:`close`) and close:
+        the server puts this connection's reservations back to ready, as on a close."""
+        if self._lock.acquire(blocking=False):
+            try:
+                if not self.closed:
+                    with contextlib.suppress(OSError):  # gone already: only closing is left
+                        self._sock.settimeout(self._state.timeout)
+                        self._sock.sendall(calls.quit())
+            finally:
+                self._lock.release()
         self.close()
 
 

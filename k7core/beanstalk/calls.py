@@ -151,7 +151,7 @@ def _unexpected(call: Call[object], reply: Reply) -> ProtocolError:
     line = " ".join((reply.word, *reply.args))
     return ProtocolError(f"{call.command}: {line!r} is no reply to this command",
                          hint="the connection lost its place, or the server is not "
-                         "beanstalkd: close it")
+                         "beanstalkd: close the connection (the clients do)")
 
 
 # --- what the replies carry --------------------------------------------------------------

@@ -132,7 +132,9 @@ async def test_calls_take_turns_and_waiting_for_a_turn_can_be_cancelled(tmp_path
             assert (await client.stats())["current-jobs-reserved"] == 1
 
 
-async def test_aclose_from_another_task_ends_a_waiting_reserve(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["aclose", "quit"])
+async def test_aclose_from_another_task_ends_a_waiting_reserve(tmp_path: Path,
+                                                               how: str) -> None:
     with server("real-unix", tmp_path) as (_, address):
         client = await connect(address)
         got: list[BaseException] = []
@@ -146,7 +148,7 @@ async def test_aclose_from_another_task_ends_a_waiting_reserve(tmp_path: Path) -
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(reserve)
             await anyio.wait_all_tasks_blocked()
-            await client.aclose()
+            await getattr(client, how)()
         assert [type(e) for e in got] == [ClosedError]
         assert "closed during 'reserve'" in str(got[0])
 

@@ -117,7 +117,8 @@ def test_drain_mode_refuses_puts(served: tuple[ServerProcess, str]) -> None:
         assert client.reserve(timeout=0) == ReservedJob(job_id, b"before")  # still served
 
 
-def test_close_from_another_thread_ends_a_waiting_reserve(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["close", "quit"])
+def test_close_from_another_thread_ends_a_waiting_reserve(tmp_path: Path, how: str) -> None:
     with ServerProcess.serve(tmp_path / "jobs") as proc:
         address = f"beanstalk://{proc.address[0]}:{proc.address[1]}"
         with Client(address, timeout=DEADLINE) as other:
@@ -133,7 +134,7 @@ def test_close_from_another_thread_ends_a_waiting_reserve(tmp_path: Path) -> Non
             thread = threading.Thread(target=reserve)
             thread.start()
             wait_until(lambda: other.stats()["current-waiting"] == 1, DEADLINE, "the reserve")
-            waiting.close()
+            getattr(waiting, how)()
             thread.join(DEADLINE)
             assert [type(e) for e in got] == [ClosedError]
             assert "closed during 'reserve'" in str(got[0])

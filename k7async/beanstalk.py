@@ -18,6 +18,7 @@ from anyio.abc import ByteStream
 
 from k7core.beanstalk import (
     Address,
+    BeanstalkError,
     Call,
     ClientState,
     PeekedJob,
@@ -108,13 +109,15 @@ class AsyncClient:
                     await stream.send(call.request)
                     while (reply := parser.next()) is None:
                         parser.feed(await stream.receive(RECEIVE_SIZE))
+                return call.result(reply)
+            except BeanstalkError:
+                raise  # a failure reply: the connection is fine
             except BaseException as e:
                 error = self._state.failed(call, e, lost=_LOST)
                 await anyio.aclose_forcefully(stream)
                 if error is e:
                     raise
                 raise error from e
-        return call.result(reply)
 
     # --- the commands (see k7core.beanstalk.calls) ------------------------------------
 
@@ -197,14 +200,21 @@ class AsyncClient:
         return await self.call(calls.pause_tube(tube, delay))
 
     async def quit(self) -> None:
-        """Send quit and close: the server puts this connection's reservations back to
-        ready. (Closing does the same.)"""
-        async with self._lock:
-            if not self.closed:
-                # gone already, or too slow: closing is all that is left
-                with contextlib.suppress(TimeoutError, *_LOST), \
-                        anyio.fail_after(self._state.timeout):
-                    await self._stream.send(calls.quit())
+        """Send quit (unless a call is under way: it ends as with :meth:`aclose`) and close:
+        the server puts this connection's reservations back to ready, as on a close."""
+        try:
+            self._lock.acquire_nowait()
+        except anyio.WouldBlock:
+            pass
+        else:
+            try:
+                if not self.closed:
+                    # gone already, or too slow: only closing is left
+                    with contextlib.suppress(TimeoutError, *_LOST), \
+                            anyio.fail_after(self._state.timeout):
+                        await self._stream.send(calls.quit())
+            finally:
+                self._lock.release()
         await self.aclose()
 
 

@@ -13,6 +13,7 @@ import k7core.beanstalk.calls as calls
 
 from .._resource import Resource
 from ._address import Address, parse_address
+from ._errors import BeanstalkError
 from ._state import ClientState
 from .calls import Call, PeekedJob, ReservedJob, Stats
 from .protocol import Reply
@@ -84,14 +85,15 @@ class Client(Resource):
             try:
                 self._sock.settimeout(self._state.timeout)
                 self._sock.sendall(call.request)
-                reply = self._receive(call.reply_limit(self._state.timeout))
+                return call.result(self._receive(call.reply_limit(self._state.timeout)))
+            except BeanstalkError:
+                raise  # a failure reply: the connection is fine
             except BaseException as e:
                 error = self._state.failed(call, e, lost=(EOFError, OSError))
                 _shut(self._sock)
                 if error is e:
                     raise
                 raise error from e
-        return call.result(reply)
 
     def _receive(self, limit: float | None) -> Reply:
         parser, sock = self._state.parser, self._sock
@@ -191,13 +193,16 @@ class Client(Resource):
         return self.call(calls.pause_tube(tube, delay))
 
     def quit(self) -> None:
-        """Send quit and close: the server puts this connection's reservations back to
-        ready. (Closing does the same.)"""
-        with self._lock:
-            if not self.closed:
-                with contextlib.suppress(OSError):  # gone already: closing is all that is left
-                    self._sock.settimeout(self._state.timeout)
-                    self._sock.sendall(calls.quit())
+        """Send quit (unless a call is under way: it ends as with :meth:`close`) and close:
+        the server puts this connection's reservations back to ready, as on a close."""
+        if self._lock.acquire(blocking=False):
+            try:
+                if not self.closed:
+                    with contextlib.suppress(OSError):  # gone already: only closing is left
+                        self._sock.settimeout(self._state.timeout)
+                        self._sock.sendall(calls.quit())
+            finally:
+                self._lock.release()
         self.close()
 
 

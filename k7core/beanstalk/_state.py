@@ -50,7 +50,8 @@ class ClientState:
 
     def failed(self, call: Call[object], error: BaseException,
                lost: tuple[type[BaseException], ...]) -> BaseException:
-        """Sending ``call`` or reading its reply raised ``error``: the connection's state is
+        """Sending ``call``, reading its reply or reading its meaning raised ``error`` (not a
+        :class:`BeanstalkError`: a failure reply leaves the connection good): its state is
         unknown, so it is broken now (the face closes its transport). What to raise: ``error``
         itself when it is no Exception (a cancellation, KeyboardInterrupt) or a
         :class:`ProtocolError`; :class:`k7core.ClosedError` when the face was closed meanwhile;

@@ -47,6 +47,7 @@ MAX_U32 = (1 << 32) - 1
 MAX_TIMEOUT = (1 << 31) - 1
 """The longest reserve-with-timeout, in seconds (beanstalkd reads it as a C int)."""
 MAX_JOB_ID = (1 << 64) - 1
+"""The largest job id the protocol carries."""
 
 Stats: TypeAlias = dict[str, int | float | str]
 """A stats document: numbers as int or float, the rest (names, states, ``draining``) as str."""
@@ -151,7 +152,7 @@ def _unexpected(call: Call[object], reply: Reply) -> ProtocolError:
     line = " ".join((reply.word, *reply.args))
     return ProtocolError(f"{call.command}: {line!r} is no reply to this command",
                          hint="the connection lost its place, or the server is not "
-                         "beanstalkd: close it")
+                         "beanstalkd: close the connection (the clients do)")
 
 
 # --- what the replies carry --------------------------------------------------------------

@@ -3,8 +3,9 @@ test module).
 
 :class:`ServerProcess` runs ``k7 serve DIR --listen 127.0.0.1:0`` (or ``k7-beanstalkd``
 with its flags) and learns where it listens from its ``listening on`` line: no fixed port, no
-sleep. Every wait is bounded by ``DEADLINE``; a server that does not come up fails the test
-with its stderr.
+sleep. :meth:`ServerProcess.real_beanstalkd` runs Debian's beanstalkd the same way, from the
+``bind`` line it prints with ``-V``. Every wait is bounded by ``DEADLINE``; a server that does
+not come up fails the test with its stderr.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+import pytest
+
+from ._servers import beanstalkd_path
+
 #: Longest wait for the server's line, or for its exit.
 DEADLINE = 30.0
 
@@ -32,8 +37,10 @@ class ServerProcess:
     """A running server: ``address`` is ``(host, port)`` or a Unix socket's path. Leaving the
     ``with`` block SIGKILLs it if it still runs."""
 
-    def __init__(self, argv: list[str], *, wait: bool = True) -> None:
+    def __init__(self, argv: list[str], *, wait: bool = True, real: bool = False) -> None:
         self.argv = argv
+        self.real = real
+        self._pending = b""  # stdout read past the last line taken
         self.err = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=self.err)
@@ -55,21 +62,53 @@ class ServerProcess:
 
     def _wait_ready(self) -> None:
         try:
-            where = self._line().removeprefix("listening on ")
+            if self.real:  # "pid N", then "bind FD ADDRESS" (a Unix socket's bare path)
+                while not (line := self._line()).startswith("bind "):
+                    pass
+                where = line.split(" ", 2)[2]
+                where = f"unix:{where}" if where.startswith("/") else where
+            else:
+                where = self._line().removeprefix("listening on ")
+            if where.startswith("unix:"):
+                self.address = where[5:]
+            else:
+                host, _, port = where.rpartition(":")
+                self.address = (host.strip("[]"), int(port))
+            if self.real:
+                self._wait_listening()
         except BaseException:
             self.close()
             raise
-        if where.startswith("unix:"):
-            self.address = where[5:]
-        else:
-            host, _, port = where.rpartition(":")
-            self.address = (host.strip("[]"), int(port))
+
+    def _wait_listening(self) -> None:
+        """beanstalkd prints ``bind`` between its bind() and its listen(), and says nothing
+        after: a connect in that gap (microseconds) is refused. Connect until one is not."""
+        deadline = time.monotonic() + DEADLINE
+        while True:
+            try:
+                self.connect().close()
+                return
+            except ConnectionRefusedError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise
+                time.sleep(0.001)  # no event marks the listen(): a bounded retry
 
     @classmethod
-    def serve(cls, directory: Path, *options: str, fsync: str = "flush") -> ServerProcess:
-        """``k7 serve DIRECTORY --listen 127.0.0.1:0 --fsync FSYNC OPTIONS...``."""
-        return cls([K7, "serve", str(directory), "--listen", "127.0.0.1:0", "--fsync", fsync,
+    def serve(cls, directory: Path, *options: str, fsync: str = "flush",
+              listen: str = "127.0.0.1:0") -> ServerProcess:
+        """``k7 serve DIRECTORY --listen LISTEN --fsync FSYNC OPTIONS...``."""
+        return cls([K7, "serve", str(directory), "--listen", listen, "--fsync", fsync,
                     *options])
+
+    @classmethod
+    def real_beanstalkd(cls, *flags: str) -> ServerProcess:
+        """Debian's beanstalkd 1.12 with ``-V`` and ``FLAGS`` (give ``-l 127.0.0.1 -p 0`` or
+        ``-l unix:PATH``); skips the test where it is not installed. (``-V`` also prints a
+        line per connection, left in the pipe: fine for a test's few hundred.)"""
+        exe = beanstalkd_path()
+        if exe is None:
+            pytest.skip("the real beanstalkd is not installed (apt-get install beanstalkd)")
+        return cls([exe, "-V", *flags], real=True)
 
     @classmethod
     def beanstalkd(cls, *flags: str) -> ServerProcess:
@@ -81,8 +120,8 @@ class ServerProcess:
         return self.err.read().decode(errors="replace")
 
     def _line(self) -> str:
-        """The first line on stdout; fails (with stderr) at EOF or past ``DEADLINE``."""
-        buf = b""
+        """The next line on stdout; fails (with stderr) at EOF or past ``DEADLINE``."""
+        buf = self._pending
         deadline = time.monotonic() + DEADLINE
         while b"\n" not in buf:
             left = deadline - time.monotonic()
@@ -94,13 +133,18 @@ class ServerProcess:
                 raise AssertionError(f"{self.argv} did not say where it listens "
                                      f"(rc={self.proc.wait()}, out={buf!r}):\n{self.stderr()}")
             buf += chunk
-        return buf.split(b"\n", 1)[0].decode()
+        line, _, self._pending = buf.partition(b"\n")
+        return line.decode()
 
     def connect(self) -> socket.socket:
         """A new client socket to the server."""
         if isinstance(self.address, str):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(self.address)
+            try:
+                sock.connect(self.address)
+            except BaseException:
+                sock.close()
+                raise
         else:
             sock = socket.create_connection(self.address)
         sock.settimeout(DEADLINE)

@@ -259,7 +259,7 @@ def test_job_not_found_is_the_job_stores_too() -> None:
 ])
 def test_a_reply_that_makes_no_sense_is_a_protocol_error(call: Call[object],
                                                          data: bytes) -> None:
-    with pytest.raises(ProtocolError, match="close it"):
+    with pytest.raises(ProtocolError, match="close the connection"):
         call.result(reply(data))
 
 

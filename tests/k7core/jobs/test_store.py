@@ -20,7 +20,6 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -43,30 +42,12 @@ from tests._queuehelp import (
     run_python,
     wait_until,
 )
+from tests.k7core.jobs._storehelp import churn, everything, journal_end
 
 DEADLINE = 30.0
 """A blocked reserve's own timeout: a wake-up must come well before it."""
 PROMPT = 3.0
 """How soon after its cause a wake-up must come (generous: a loaded 2-core machine)."""
-
-
-def journal_end(path: Path) -> int:
-    """The journal's visible end, read by a read-only queue (the store holds the writer)."""
-    with k7core.Queue(path / JOURNAL, readonly=True) as q:
-        return q.end
-
-
-def everything(store: JobStore, ids: list[int]) -> dict[str, Any]:
-    """What the store says about jobs ``ids`` and every tube, for comparisons."""
-    tubes = sorted(store.tubes())
-    return {
-        "jobs": {i: store.peek(i) for i in ids},
-        "len": len(store),
-        "tubes": tubes,
-        "stats": {k: v for k, v in store.stats().items() if k != "total-jobs"},
-        "per-tube": {t: (store.peek_ready(t), store.peek_delayed(t), store.peek_buried(t),
-                         store.errors(t)) for t in tubes},
-    }
 
 
 def disk_bytes(path: Path) -> int:
@@ -81,13 +62,6 @@ def disk_bytes(path: Path) -> int:
 
 
 # ---------------------------------------------------------------------- snapshots
-
-
-def _churn(store: JobStore, nbytes: int, tube: str = "churn") -> None:
-    """Journal about ``nbytes`` of puts, each deleted at once (no live job left)."""
-    body = b"c" * 4000
-    for _ in range(nbytes // len(body) + 1):
-        store.delete(store.put(body, tube=tube))
 
 
 def _store_with_two_snapshots(path: Path) -> tuple[int, int, list[int]]:
@@ -106,9 +80,9 @@ def _store_with_two_snapshots(path: Path) -> tuple[int, int, list[int]]:
             job = me.reserve(("t",), timeout=0)
             assert job is not None
             me.release(job.id, delay=3600, error="later")
-        _churn(store, JOURNAL_SEGMENT + (1 << 20))
+        churn(store, JOURNAL_SEGMENT + (1 << 20))
         older = store.snapshot()  # trims the first segment
-        _churn(store, JOURNAL_SEGMENT + (1 << 20))
+        churn(store, JOURNAL_SEGMENT + (1 << 20))
         store.delete(keep[20])
         late = store.put(b"late", tube="u", key="k", depends_on=[keep[21]])
         newer = store.snapshot()  # keeps the journal from `older`

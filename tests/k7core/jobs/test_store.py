@@ -241,6 +241,9 @@ Call = Callable[[Scene], object]
 CALLS: dict[str, dict[str, Call]] = {
     "JobStore": {
         "put": lambda s: s.store.put(b"x"),
+        "mark": lambda s: s.store.mark("relay"),
+        "forget": lambda s: s.store.forget("default", ["k"]),
+        "remembered": lambda s: s.store.remembered("default"),
         "delete": lambda s: s.store.delete(s.ready),
         "kick": lambda s: s.store.kick("default", 1),
         "kick_job": lambda s: s.store.kick_job(s.buried),
@@ -390,6 +393,23 @@ BAD: dict[str, Call] = {
     "depends_on bad tube": lambda s: s.store.put(b"x", depends_on=[("a b", "k")]),
     "depends_on missing id": lambda s: s.store.put(b"x", depends_on=[s.ready, 10**9]),
     "depends_on missing key": lambda s: s.store.put(b"x", depends_on=[("default", "nokey")]),
+    "remember without a key": lambda s: s.store.put(b"x", remember=True),
+    "remember not a bool": lambda s: s.store.put(b"x", key="k", remember=1),  # type: ignore[arg-type]
+    "mark not a pair": lambda s: s.store.put(b"x", mark="relay"),  # type: ignore[arg-type]
+    "mark of 3": lambda s: s.store.put(b"x", mark=("relay", 1, 2)),  # type: ignore[arg-type]
+    "mark name ''": lambda s: s.store.put(b"x", mark=("", 1)),
+    "mark name not a str": lambda s: s.store.put(b"x", mark=(5, 1)),  # type: ignore[arg-type]
+    "mark position -1": lambda s: s.store.put(b"x", mark=("relay", -1)),
+    "mark position 2**64": lambda s: s.store.put(b"x", mark=("relay", 2**64)),
+    "mark position 1.0": lambda s: s.store.put(b"x", mark=("relay", 1.0)),  # type: ignore[arg-type]
+    "mark position True": lambda s: s.store.put(b"x", mark=("relay", True)),
+    "mark on a bad put": lambda s: s.store.put("x", mark=("relay", 1)),  # type: ignore[arg-type]
+    "mark read bad name": lambda s: s.store.mark(""),
+    "forget bad tube": lambda s: s.store.forget("a b", ["k"]),
+    "forget a str": lambda s: s.store.forget("default", "k"),
+    "forget bad key": lambda s: s.store.forget("default", ["k", 5]),  # type: ignore[list-item]
+    "remembered bad tube": lambda s: s.store.remembered(""),
+    "remembered bad prefix": lambda s: s.store.remembered("default", 5),  # type: ignore[arg-type]
     "release priority -1": lambda s: s.me.release(s.reserved, priority=-1),
     "release delay -1": lambda s: s.me.release(s.reserved, delay=-1),
     "release error of 4097": lambda s: s.me.release(s.reserved, error="e" * 4097),

@@ -26,7 +26,8 @@ from ._owner import Call, Command, Gather, Owner
 
 T = TypeVar("T")
 
-_PutArgs = tuple[bytes, str, int, float, float, "str | None", tuple[int | tuple[str, str], ...]]
+_PutArgs = tuple[bytes, str, int, float, float, "str | None", tuple[int | tuple[str, str], ...],
+                 "tuple[str, int] | None", bool]
 
 
 class _Puts(Gather[JobStore, "int | BaseException"]):
@@ -40,10 +41,10 @@ class _Puts(Gather[JobStore, "int | BaseException"]):
     def execute(self, store: JobStore) -> list[int | BaseException]:
         put = store.put
         out: list[int | BaseException] = []
-        for body, tube, priority, delay, ttr, key, deps in self.items:
+        for body, tube, priority, delay, ttr, key, deps, mark, remember in self.items:
             try:
                 out.append(put(body, tube=tube, priority=priority, delay=delay, ttr=ttr,
-                               key=key, depends_on=deps))
+                               key=key, depends_on=deps, mark=mark, remember=remember))
             except Exception as exc:  # the put's own failure, for its own task
                 out.append(exc)
         return out
@@ -124,12 +125,14 @@ class AsyncJobStore:
         ttr: float = 60.0,
         key: str | None = None,
         depends_on: Iterable[int | tuple[str, str]] = (),
+        mark: tuple[str, int] | None = None,
+        remember: bool = False,
     ) -> int:
-        """:meth:`JobStore.put`: returns the id once the store's strategy holds the job. If
-        the task is cancelled while it waits, the job may still be stored (its id is then
-        unknown: use ``key`` to make a retried put safe)."""
+        """:meth:`JobStore.put` (``mark`` and ``remember`` too): returns the id once the
+        store's strategy holds the job. If the task is cancelled while it waits, the job may
+        still be stored (its id is then unknown: use ``key`` to make a retried put safe)."""
         args: _PutArgs = (body, tube, priority, delay, ttr, key,
-                          tuple(depends_on) if depends_on else ())
+                          tuple(depends_on) if depends_on else (), mark, remember)
         command, index = self._owner.gather(_Puts, args)
         await command.wait()
         outcome = command.result()[index]
@@ -140,6 +143,10 @@ class AsyncJobStore:
     async def delete(self, job_id: int) -> None:
         """:meth:`JobStore.delete`."""
         await self.run(lambda s: s.delete(job_id))
+
+    async def forget(self, tube: str, keys: Iterable[str]) -> int:
+        """:meth:`JobStore.forget`."""
+        return await self.run(lambda s: s.forget(tube, keys))
 
     async def kick(self, tube: str, bound: int) -> int:
         """:meth:`JobStore.kick`."""

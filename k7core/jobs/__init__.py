@@ -1,5 +1,6 @@
 """k7core.jobs: a durable job store with beanstalkd's rules (tubes, priorities, delays,
-time-to-run, bury and kick), plus unique keys, dependencies and error history.
+time-to-run, bury and kick), plus unique keys, dependencies and error history, and marks and
+remembered keys for an outbox relay.
 
 The store (``JobStore``) keeps every live job in RAM and each change in a k7 log, with
 snapshots; this package's sans-I/O core (``_machine``) holds the rules and ``_codec`` the

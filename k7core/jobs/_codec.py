@@ -16,6 +16,15 @@ PUT the id *offset of its frame + 1* (never 0, never reused), so a PUT does not 
     BURY     4  u64 id, u32 priority, u8 1 if an error text follows; the error text
     KICK     5  u64 id
     READY    6  u64 id (a delayed or buried job made ready by reserve-job; no counter)
+    PUT_WITH 7  u8 flags (1: a mark follows, 2: remember the key), the mark if flag 1
+                (u16 name length, the name, u64 position), then a whole PUT record (its
+                operation byte included); the job's id is this record's offset + 1
+    MARK     8  u64 position, then the mark's name: the rest of the record (a put with a
+                mark that stored nothing: its key was taken)
+    FORGET   9  u8 tube length, the tube, then per key: u16 length, the key (to the end)
+
+A store written before PUT_WITH, MARK and FORGET existed has none of them: its journal
+replays as it did.
 
 Reservations, touches, time-to-run expiries, delays coming due and pauses are not journaled
 (as in beanstalkd's binlog); replaying a journal therefore leaves every job that was reserved
@@ -24,7 +33,7 @@ ready (or where its last record left it), and the store calls ``advance(now)`` a
 Snapshot (``dump_snapshot`` yields it in chunks; the fixed-size rows come first, in one
 block, so loading reads them with ``struct.iter_unpack``):
 
-    header   8s magic b"K7JOBSNP", u32 version (1), u64 position (the journal offset the
+    header   8s magic b"K7JOBSNP", u32 version (2), u64 position (the journal offset the
              snapshot covers, given by the store), u32 tube count, then per tube: u8 name
              length, the name; u64 job count
     rows     per job, 69 bytes: u64 id, u32 tube index, u8 state (0 ready, 1 delayed,
@@ -37,8 +46,14 @@ block, so loading reads them with ``struct.iter_unpack``):
     extras   u64 count, then per job that has a key, dependencies or error texts: u64 id,
              u16 key length (0xFFFF: no key), u32 dependency count, u8 error count; the key,
              the dependency ids (u64 each), each error text (u16 length, the text)
+    marks    u64 count, then per mark: u16 name length, the name, u64 position
+    kept     u64 count of tubes with remembered keys, then per tube: u8 name length, the
+             name, u64 key count, then per key: u16 length, the key, u64 the id it had
     trailer  u32 CRC32C (Castagnoli, ``k7core.crc32c``: the C kernel's, hardware where the
              CPU has it) of every byte before it.
+
+Version 1 (written before marks and remembered keys) has no ``marks`` and ``kept``: it
+still loads, with none of either.
 
 Not in a snapshot: reservations (their jobs are ready), pauses, tube references, and the
 counters beanstalkd keeps since its start (total-jobs, job-timeouts, cmd-delete...).
@@ -55,7 +70,7 @@ from itertools import accumulate, pairwise
 
 from .._kernel import crc32c
 from ._errors import CorruptJobDataError
-from ._machine import MAX_U32, SNAPSHOT_STATES, JobMachine, JobState
+from ._machine import MAX_U32, SNAPSHOT_STATES, JobMachine, JobState, PutPlan
 
 OP_PUT = 1
 OP_DELETE = 2
@@ -63,6 +78,13 @@ OP_RELEASE = 3
 OP_BURY = 4
 OP_KICK = 5
 OP_READY = 6
+OP_PUT_WITH = 7
+OP_MARK = 8
+OP_FORGET = 9
+PUT_MARK = 1
+"""PUT_WITH's flag: a mark follows."""
+PUT_REMEMBER = 2
+"""PUT_WITH's flag: remember the key."""
 
 _NO_KEY = 0xFFFF
 _PUT = struct.Struct("<BIddddBHI")
@@ -74,7 +96,9 @@ _KICK_HEAD = bytes([OP_KICK])
 _READY_HEAD = bytes([OP_READY])
 
 MAGIC = b"K7JOBSNP"
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)
+"""The snapshot versions this code reads."""
 _HEADER = struct.Struct("<8sIQI")
 _COUNT = struct.Struct("<Q")
 _ROW = struct.Struct("<QIBIddddIIIII")
@@ -103,6 +127,30 @@ def encode_put(
                   _NO_KEY if key is None else len(raw_key), len(dep_ids)),
         name, raw_key, struct.pack(f"<{len(dep_ids)}Q", *dep_ids), body,
     ))
+
+
+def encode_put_with(plan: PutPlan, mark: tuple[str, int] | None, remember: bool) -> bytes:
+    """The PUT_WITH record of a checked put with a mark or ``remember=True``."""
+    head = bytes([OP_PUT_WITH, (PUT_MARK if mark is not None else 0)
+                  | (PUT_REMEMBER if remember else 0)])
+    if mark is not None:
+        raw = mark[0].encode()
+        head += _U16.pack(len(raw)) + raw + _COUNT.pack(mark[1])
+    return head + encode_put(*plan)
+
+
+def encode_mark(name: str, position: int) -> bytes:
+    """The MARK record of a put with a mark that stored nothing."""
+    return _ID.pack(OP_MARK, position) + name.encode()
+
+
+def encode_forget(tube: str, keys: Iterable[str]) -> bytes:
+    """The FORGET record of remembered ``keys`` of ``tube``."""
+    parts = [bytes([OP_FORGET, len(tube)]), tube.encode("ascii")]
+    for key in keys:
+        raw = key.encode()
+        parts += (_U16.pack(len(raw)), raw)
+    return b"".join(parts)
 
 
 def encode_delete(job_id: int) -> bytes:
@@ -189,26 +237,78 @@ def replay_batch(
     return more
 
 
+def _decode_put(record: bytes | bytearray | memoryview) -> PutPlan:
+    """The plan of a PUT record."""
+    (op, priority, delay, ttr, ready_at, created_at, tube_len, key_len,
+     dep_count) = _PUT.unpack_from(record)
+    if op != OP_PUT:
+        raise ValueError(f"a PUT record starts with operation {op}")
+    pos = _PUT.size
+    tube = str(record[pos:pos + tube_len], "ascii")
+    pos += tube_len
+    key = None
+    if key_len != _NO_KEY:
+        key = str(record[pos:pos + key_len], "utf-8")
+        pos += key_len
+    dep_ids: tuple[int, ...] = ()
+    if dep_count:
+        dep_ids = struct.unpack_from(f"<{dep_count}Q", record, pos)
+        pos += 8 * dep_count
+    if len(record) < pos or len(tube) != tube_len:
+        raise ValueError("PUT record cut short")
+    return (tube, priority, delay, ttr, ready_at, created_at, key, dep_ids,
+            bytes(record[pos:]))
+
+
+def _decode_text(record: bytes | bytearray | memoryview, pos: int) -> tuple[str, int]:
+    """The text (u16 length, UTF-8) at ``pos`` of ``record``, and the position after it."""
+    (n,) = _U16.unpack_from(record, pos)
+    raw = record[pos + 2:pos + 2 + n]
+    if len(raw) != n:
+        raise ValueError("a text runs past the end of its record")
+    return str(raw, "utf-8"), pos + 2 + n
+
+
+def _replay_put_with(
+    machine: JobMachine, record: bytes | bytearray | memoryview, offset: int,
+) -> None:
+    flags = record[1]
+    if flags & ~(PUT_MARK | PUT_REMEMBER):
+        raise ValueError(f"unknown PUT_WITH flags {flags}")
+    pos = 2
+    mark = None
+    if flags & PUT_MARK:
+        name, pos = _decode_text(record, pos)
+        (position,) = _COUNT.unpack_from(record, pos)
+        mark = (name, position)
+        pos += _COUNT.size
+    plan = _decode_put(record[pos:])
+    remember = bool(flags & PUT_REMEMBER)
+    if remember and plan[6] is None:
+        raise ValueError("PUT_WITH remembers the key of a put without one")
+    machine.apply_put_with(offset + 1, plan, mark, remember)
+
+
 def _replay(machine: JobMachine, record: bytes | bytearray | memoryview, offset: int) -> None:
     op = record[0]
     if op == OP_PUT:
-        (_, priority, delay, ttr, ready_at, created_at, tube_len, key_len,
-         dep_count) = _PUT.unpack_from(record)
-        pos = _PUT.size
-        tube = str(record[pos:pos + tube_len], "ascii")
-        pos += tube_len
-        key = None
-        if key_len != _NO_KEY:
-            key = str(record[pos:pos + key_len], "utf-8")
-            pos += key_len
-        dep_ids: tuple[int, ...] = ()
-        if dep_count:
-            dep_ids = struct.unpack_from(f"<{dep_count}Q", record, pos)
-            pos += 8 * dep_count
-        if len(record) < pos or len(tube) != tube_len:
-            raise ValueError("PUT record cut short")
-        machine.apply_put(offset + 1, (tube, priority, delay, ttr, ready_at, created_at, key,
-                                       dep_ids, bytes(record[pos:])))
+        machine.apply_put(offset + 1, _decode_put(record))
+    elif op == OP_PUT_WITH:
+        _replay_put_with(machine, record, offset)
+    elif op == OP_MARK:
+        _, position = _ID.unpack_from(record)
+        machine.apply_mark(str(record[_ID.size:], "utf-8"), position)
+    elif op == OP_FORGET:
+        tube_len = record[1]
+        tube = str(record[2:2 + tube_len], "ascii")
+        pos = 2 + tube_len
+        if len(tube) != tube_len:
+            raise ValueError("FORGET record cut short")
+        keys = []
+        while pos < len(record):
+            key, pos = _decode_text(record, pos)
+            keys.append(key)
+        machine.apply_forget(tube, keys)
     elif op in (OP_DELETE, OP_KICK, OP_READY):
         _, job_id = _ID.unpack(record)
         if op == OP_DELETE:
@@ -265,8 +365,18 @@ def dump_snapshot(machine: JobMachine, position: int = 0) -> Iterator[bytes]:
     head.append(_COUNT.pack(len(rows)))
     if sys.byteorder == "big":
         lengths.byteswap()
+    marks = machine.marks()
+    tail = [_COUNT.pack(len(marks))]
+    for name, at in marks.items():
+        tail += (_text(name), _COUNT.pack(at))
+    kept = machine.remembered_keys()
+    tail.append(_COUNT.pack(len(kept)))
+    for tube, keys in kept.items():
+        tail += (bytes([len(tube)]), tube.encode("ascii"), _COUNT.pack(len(keys)))
+        tail += [_text(key) + _COUNT.pack(job_id) for key, job_id in keys.items()]
     crc = 0
-    for part in (head, rows, [lengths.tobytes()], bodies, [_COUNT.pack(len(extras)), *extras]):
+    for part in (head, rows, [lengths.tobytes()], bodies, [_COUNT.pack(len(extras)), *extras],
+                 tail):
         for i in range(0, len(part), _CHUNK_ITEMS):
             chunk = b"".join(part[i:i + _CHUNK_ITEMS])
             crc = crc32c(chunk, crc)
@@ -278,10 +388,14 @@ def _extra(job_id: int, key: str | None, deps: tuple[int, ...], errors: tuple[st
     raw_key = b"" if key is None else key.encode()
     parts = [_EXTRA.pack(job_id, _NO_KEY if key is None else len(raw_key), len(deps),
                          len(errors)), raw_key, struct.pack(f"<{len(deps)}Q", *deps)]
-    for text in errors:
-        raw = text.encode()
-        parts += (_U16.pack(len(raw)), raw)
+    parts += map(_text, errors)
     return b"".join(parts)
+
+
+def _text(text: str) -> bytes:
+    """``text`` as u16 length and UTF-8 (:func:`_decode_text` reads it)."""
+    raw = text.encode()
+    return _U16.pack(len(raw)) + raw
 
 
 def _joined(data: bytes | bytearray | memoryview | Iterable[bytes]) -> bytes:
@@ -298,20 +412,22 @@ def _corrupt(why: str, offset: int | None = None) -> CorruptJobDataError:
                                     "use an older snapshot and the journal")
 
 
-def _check_header(data: bytes) -> int:
-    """The position the snapshot covers, after checking its magic and version."""
+def _check_header(data: bytes) -> tuple[int, int]:
+    """The version of the snapshot and the position it covers, after checking its magic
+    and version."""
     if len(data) < _HEADER.size + _CRC.size or data[:8] != MAGIC:
         raise _corrupt("does not start with the job snapshot magic", 0)
     _, version, position, _ = _HEADER.unpack_from(data)
-    if version != VERSION:
-        raise _corrupt(f"has version {version}, this k7core reads version {VERSION}", 8)
-    return int(position)
+    if version not in VERSIONS:
+        raise _corrupt(f"has version {version}, this k7core reads versions "
+                       f"{', '.join(map(str, VERSIONS))}", 8)
+    return int(version), int(position)
 
 
 def snapshot_position(data: bytes | bytearray | memoryview) -> int:
     """The journal position stored in a snapshot (its header only: call it after
     :func:`load_snapshot` accepted the snapshot)."""
-    return _check_header(bytes(data[:_HEADER.size + _CRC.size]))
+    return _check_header(bytes(data[:_HEADER.size + _CRC.size]))[1]
 
 
 def load_snapshot(data: bytes | bytearray | memoryview | Iterable[bytes]) -> JobMachine:
@@ -320,7 +436,7 @@ def load_snapshot(data: bytes | bytearray | memoryview | Iterable[bytes]) -> Job
     structure is wrong. The garbage collector is off meanwhile (a million records would
     trigger a dozen full collections)."""
     raw = _joined(data)
-    _check_header(raw)
+    version, _ = _check_header(raw)
     end = len(raw) - _CRC.size
     (stored,) = _CRC.unpack_from(raw, end)
     if crc32c(memoryview(raw)[:end]) != stored:
@@ -328,7 +444,7 @@ def load_snapshot(data: bytes | bytearray | memoryview | Iterable[bytes]) -> Job
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _load(raw, end)
+        return _load(raw, end, version)
     except (struct.error, IndexError, ValueError, KeyError) as exc:
         raise _corrupt(f"cannot be decoded ({exc})") from exc
     finally:
@@ -336,7 +452,7 @@ def load_snapshot(data: bytes | bytearray | memoryview | Iterable[bytes]) -> Job
             gc.enable()
 
 
-def _load(raw: bytes, end: int) -> JobMachine:
+def _load(raw: bytes, end: int, version: int) -> JobMachine:
     _, _, _, tube_count = _HEADER.unpack_from(raw)
     pos = _HEADER.size
     names = []
@@ -370,11 +486,36 @@ def _load(raw: bytes, end: int) -> JobMachine:
         pos += 8 * dep_count
         texts = []
         for _ in range(error_count):
-            (n,) = _U16.unpack_from(raw, pos)
-            texts.append(raw[pos + 2:pos + 2 + n].decode())
-            pos += 2 + n
+            text, pos = _decode_text(raw, pos)
+            texts.append(text)
         machine.load_extra(job_id, key, deps, tuple(texts))
+    if version >= 2:
+        pos = _load_marks_and_kept(machine, raw, pos)
     if pos != end:
         raise ValueError(f"{end - pos} bytes left after the last job")
     machine.finish_load()
     return machine
+
+
+def _load_marks_and_kept(machine: JobMachine, raw: bytes, pos: int) -> int:
+    """Load the ``marks`` and ``kept`` parts at ``pos``; the position after them."""
+    (count,) = _COUNT.unpack_from(raw, pos)
+    pos += _COUNT.size
+    for _ in range(count):
+        name, pos = _decode_text(raw, pos)
+        (at,) = _COUNT.unpack_from(raw, pos)
+        pos += _COUNT.size
+        machine.apply_mark(name, at)
+    (count,) = _COUNT.unpack_from(raw, pos)
+    pos += _COUNT.size
+    for _ in range(count):
+        n = raw[pos]
+        tube = raw[pos + 1:pos + 1 + n].decode("ascii")
+        (keys,) = _COUNT.unpack_from(raw, pos + 1 + n)
+        pos += 1 + n + _COUNT.size
+        for _ in range(keys):
+            key, pos = _decode_text(raw, pos)
+            (job_id,) = _COUNT.unpack_from(raw, pos)
+            pos += _COUNT.size
+            machine.apply_remember(tube, key, job_id)
+    return pos

@@ -6,8 +6,9 @@ tests drive it the same way. One caller at a time: the store holds its lock arou
 
 Two kinds of operations:
 
-- **Journaled mutations** (put, delete, release, bury, kick, and the move to ready that
-  starts a reserve-job of a delayed or buried job) come in two halves. ``check_*``
+- **Journaled mutations** (put, delete, release, bury, kick, the move to ready that
+  starts a reserve-job of a delayed or buried job, a mark moved by a put that stored
+  nothing, forget) come in two halves. ``check_*``
   validates and resolves the arguments and raises, changing nothing, on bad input; it returns
   a plan. ``apply_*`` never fails and is deterministic: the store calls it with the plan after
   the journal append, and replay calls it with the decoded record. Between a ``check_*`` and
@@ -33,6 +34,11 @@ one heap of delayed jobs and one of reservations ``(deadline, id, seq)`` over ev
 Heap entries are deleted lazily: an entry is valid only while its job's ``seq`` is the entry's
 (a job starts at 0 and every state change adds 1, so an entry of an earlier state is stale),
 and a heap is rebuilt once it holds more than about twice its valid entries.
+
+Beside the jobs, two things a relay (a transactional outbox) needs: *marks*, per name the
+position (an int) given with the last put that carried that name, and *remembered keys*,
+per tube the keys put with ``remember=True`` and not yet forgotten, with the id each had: a
+put with such a key stores nothing and returns that id, whether the job is live or done.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ from ._errors import DependencyError, InvalidJobError, JobNotFoundError
 
 MAX_U32 = 2**32 - 1
 """The largest priority, delay, time-to-run and pause (seconds), as beanstalkd's u32."""
+MAX_U64 = 2**64 - 1
+"""The largest position of a mark."""
 MAX_TUBE_NAME = 200
 MAX_KEY_BYTES = 1024
 MAX_ERROR_BYTES = 4096
@@ -195,6 +203,41 @@ def check_key(key: object) -> str:
                           hint="use a str of at most 1024 UTF-8 bytes (or None: no key)")
 
 
+def check_mark_name(name: object) -> str:
+    """``name`` if it is a str of 1 to 1024 UTF-8 bytes (a mark's name), else
+    InvalidJobError."""
+    if _utf8_within(name, MAX_KEY_BYTES) and name:
+        return name
+    raise InvalidJobError(f"mark name {name!r:.80} is not valid",
+                          hint="use a str of 1 to 1024 UTF-8 bytes")
+
+
+def check_mark(mark: object) -> tuple[str, int]:
+    """``mark`` if it is a ``(name, position)`` pair: a mark name and an int in
+    0 .. 2**64-1; else InvalidJobError."""
+    if isinstance(mark, tuple) and len(mark) == 2:
+        name, position = mark
+        if isinstance(position, int) and not isinstance(position, bool) and (
+                0 <= position <= MAX_U64):
+            return check_mark_name(name), int(position)
+    raise InvalidJobError(f"mark {mark!r:.80} is not valid",
+                          hint="use a (name, position) pair: a str and an int, 0 .. 2**64-1")
+
+
+def check_keys(keys: object) -> list[str]:
+    """``keys`` as a list if it is an iterable of valid keys (not one str), else
+    InvalidJobError."""
+    if isinstance(keys, str | bytes):
+        raise InvalidJobError("keys is an iterable of keys",
+                              hint=f"got a {type(keys).__name__}: wrap it in a list")
+    try:
+        items = list(keys)  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidJobError("keys is an iterable of keys",
+                              hint=f"got {type(keys).__name__}") from None
+    return [check_key(key) for key in items]
+
+
 def check_error(error: object) -> str | None:
     """``error`` if it is None or a str of at most 4096 UTF-8 bytes, else InvalidJobError."""
     if error is None or _utf8_within(error, MAX_ERROR_BYTES):
@@ -310,6 +353,10 @@ class JobMachine:
         self._timeouts = 0
         self._total_jobs = 0
         self._loading: list[_Record] | None = None  # waiting jobs of a snapshot being loaded
+        self._marks: dict[str, int] = {}  # mark name -> position of the last put with it
+        # tube -> key -> id: the keys put with remember=True and not forgotten (the tube's
+        # own keys dict holds live jobs' keys only, and goes with the tube)
+        self._kept: dict[str, dict[str, int]] = {}
 
     # --- tubes -----------------------------------------------------------------------------
 
@@ -395,9 +442,10 @@ class JobMachine:
         self, tube: str, body: bytes | bytearray | memoryview, priority: int, delay: float,
         ttr: float, key: str | None, depends_on: Iterable[int | tuple[str, str]], now: float,
     ) -> int | PutPlan:
-        """Check a put. The id of the live job of ``tube`` that already has ``key`` (store
-        nothing), or the plan to journal and apply. ``depends_on``: job ids or ``(tube,
-        key)`` pairs of live jobs (DependencyError otherwise). A ttr below 1 becomes 1."""
+        """Check a put. The id of the live job of ``tube`` that already has ``key``, or the
+        id a remembered ``key`` had (store nothing), or the plan to journal and apply.
+        ``depends_on``: job ids or ``(tube, key)`` pairs of live jobs (DependencyError
+        otherwise). A ttr below 1 becomes 1."""
         t = self._tubes.get(tube)
         if t is None:
             check_tube(tube)
@@ -418,6 +466,10 @@ class JobMachine:
                 found = t.keys.get(key)
                 if found is not None:
                     return found
+            if self._kept:
+                kept = self._kept.get(tube)
+                if kept is not None and key in kept:
+                    return kept[key]
         dep_ids = self._resolve(depends_on) if depends_on else ()
         return (tube, priority, delay, ttr if ttr >= 1.0 else 1.0,
                 now + delay if delay > 0.0 else 0.0, now, key, dep_ids, body)
@@ -522,6 +574,91 @@ class JobMachine:
             if len(heap) > 2 * t.n_ready + 64:
                 self._compact_ready(heap)
         self._total_jobs += n
+
+    def check_extras(
+        self, key: str | None, mark: object, remember: object,
+    ) -> tuple[str, int] | None:
+        """Check a put's ``mark`` (None, or ``(name, position)`` with a position not below
+        the mark's) and ``remember`` (a bool; True needs a ``key``); InvalidJobError
+        otherwise. Returns the checked mark."""
+        if type(remember) is not bool:
+            raise InvalidJobError(f"remember={remember!r:.80} is not valid",
+                                  hint="use True or False")
+        if remember and key is None:
+            raise InvalidJobError("remember=True needs a key",
+                                  hint="give the put a key (the one to remember)")
+        if mark is None:
+            return None
+        name, position = check_mark(mark)
+        last = self._marks.get(name)
+        if last is not None and position < last:
+            raise InvalidJobError(
+                f"mark {name!r:.80} is at {last}: position {position} is behind it",
+                hint="the positions of a mark only grow: read it with mark(name) and skip "
+                     "what is at or below it")
+        return name, position
+
+    def apply_put_with(
+        self, job_id: int, plan: PutPlan, mark: tuple[str, int] | None, remember: bool,
+    ) -> None:
+        """:meth:`apply_put`, then set ``mark`` and, with ``remember``, keep the job's key
+        until :meth:`apply_forget` (a put checked by :meth:`check_extras` too)."""
+        self.apply_put(job_id, plan)
+        if mark is not None:
+            self._marks[mark[0]] = mark[1]
+        key = plan[6]
+        if remember and key is not None:  # (check_extras refuses remember without a key)
+            self.apply_remember(plan[0], key, job_id)
+
+    def apply_mark(self, name: str, position: int) -> None:
+        """Set mark ``name`` to ``position`` (a put with a mark that stored nothing; a
+        snapshot being loaded)."""
+        self._marks[name] = position
+
+    def mark(self, name: str) -> int | None:
+        """The position of mark ``name`` (None: no put carried it)."""
+        return self._marks.get(check_mark_name(name))
+
+    def marks(self) -> dict[str, int]:
+        """Every mark and its position."""
+        return dict(self._marks)
+
+    # --- remembered keys -------------------------------------------------------------------
+
+    def check_forget(self, tube: str, keys: Iterable[str]) -> list[str]:
+        """Check a forget: the remembered ``keys`` of ``tube`` among ``keys`` (each once),
+        the ones to journal and apply; InvalidJobError for a bad tube name or key."""
+        check_tube(tube)
+        kept = self._kept.get(tube, {})
+        return [key for key in dict.fromkeys(check_keys(keys)) if key in kept]
+
+    def apply_forget(self, tube: str, keys: Iterable[str]) -> None:
+        """Forget the remembered ``keys`` of ``tube`` (others are ignored): a key whose job
+        is done is free again; a live job keeps its key until it is deleted."""
+        kept = self._kept.get(tube)
+        if kept is None:
+            return
+        for key in keys:
+            kept.pop(key, None)
+        if not kept:
+            del self._kept[tube]
+
+    def apply_remember(self, tube: str, key: str, job_id: int) -> None:
+        """Remember ``key`` of ``tube`` as job ``job_id``'s (a snapshot being loaded)."""
+        self._kept.setdefault(tube, {})[key] = job_id
+
+    def remembered(self, tube: str, prefix: str = "") -> list[str]:
+        """The remembered keys of ``tube`` that start with ``prefix``, sorted (their jobs
+        live or done)."""
+        check_tube(tube)
+        if type(prefix) is not str:
+            raise InvalidJobError(f"prefix {prefix!r:.80} is not valid", hint="use a str")
+        return sorted(k for k in self._kept.get(tube, ()) if k.startswith(prefix))
+
+    def remembered_keys(self) -> dict[str, dict[str, int]]:
+        """Every remembered key, per tube, with the id it had (the machine's own dicts:
+        read them, do not change them)."""
+        return self._kept
 
     # --- state changes ---------------------------------------------------------------------
 
@@ -1109,6 +1246,9 @@ class JobMachine:
         dependents = self._dependents
         for _ in range(len(dependents)):
             dependents.popitem()
+        for kept in self._kept.values():
+            for _ in range(len(kept)):
+                kept.popitem()
 
     # --- loading a snapshot ----------------------------------------------------------------
 

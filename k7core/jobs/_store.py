@@ -52,8 +52,11 @@ from ._codec import (
     dump_snapshot,
     encode_bury,
     encode_delete,
+    encode_forget,
     encode_kick,
+    encode_mark,
     encode_put,
+    encode_put_with,
     encode_ready,
     encode_release,
     load_snapshot,
@@ -61,7 +64,7 @@ from ._codec import (
     snapshot_position,
 )
 from ._errors import CorruptJobDataError, InvalidJobError, JobNotFoundError
-from ._machine import Job, JobMachine, JobState, check_seconds
+from ._machine import Job, JobMachine, JobState, PutPlan, check_seconds
 
 JOURNAL = "journal"
 """The journal's directory inside the store's directory."""
@@ -78,6 +81,8 @@ SNAPSHOT_MIN_BYTES = 64 << 20
 """A snapshot is due once the journal has grown by this much since the last one, or by the
 size of the last snapshot if that is more: disk use and open time follow the live jobs."""
 READ_BATCH = 65536
+FORGET_RECORD_KEYS = 512
+"""Keys per FORGET record at most (512 keys of 1 KiB fit a journal frame easily)."""
 
 
 def remove_dead_temporaries(path: Path) -> None:
@@ -324,11 +329,27 @@ class JobStore(Resource):
         ttr: float = 60.0,
         key: str | None = None,
         depends_on: Iterable[int | tuple[str, str]] = (),
+        mark: tuple[str, int] | None = None,
+        remember: bool = False,
     ) -> int:
         """Store a job; return its id (ids are never reused). With ``key``, a live job of
-        ``tube`` that has the same key is returned instead and nothing is stored.
-        ``depends_on``: ids or ``(tube, key)`` pairs of live jobs; the job waits until all
-        of them are deleted."""
+        ``tube`` that has the same key (or a job whose key is remembered) is returned
+        instead and nothing is stored. ``depends_on``: ids or ``(tube, key)`` pairs of live
+        jobs; the job waits until all of them are deleted.
+
+        ``mark=(name, position)`` is journaled with the put: :meth:`mark` then returns the
+        position of the last put that carried ``name``, after a restart too (a crash loses
+        only the newest records, so it is the last put that survived). A position below the
+        mark's is an InvalidJobError. A put that stores nothing (its key is taken) still
+        moves the mark.
+
+        ``remember=True`` (with a ``key``): the key stays taken in ``tube`` after the job
+        is deleted, until :meth:`forget`; a put with it stores nothing and returns this
+        job's id. Nothing forgets on its own: the caller bounds them (:meth:`remembered`
+        lists them)."""
+        if mark is not None or remember is not False:
+            return self._put_with(body, tube, priority, delay, ttr, key, depends_on, mark,
+                                  remember)
         with self._lock:
             if self._closed:
                 self._check_open()
@@ -339,10 +360,7 @@ class JobStore(Resource):
             try:
                 offset = self._enqueue(encode_put(*plan))
             except MessageTooLargeError as exc:
-                raise InvalidJobError(
-                    f"a job body of {len(plan[8])} bytes does not fit in the journal's "
-                    f"segments of {JOURNAL_SEGMENT} bytes", hint="store a large payload "
-                    "elsewhere and put a reference to it") from exc
+                raise _too_large(plan) from exc
             if offset >= self._snapshot_at or self._sync:  # _append, inlined: the hot path
                 self._appended(offset)
             self._machine.apply_put(offset + 1, plan)
@@ -351,6 +369,67 @@ class JobStore(Resource):
         if self._sync:
             self._durable()
         return offset + 1
+
+    def _put_with(
+        self, body: bytes, tube: str, priority: int, delay: float, ttr: float,
+        key: str | None, depends_on: Iterable[int | tuple[str, str]], mark: object,
+        remember: object,
+    ) -> int:
+        """:meth:`put` with a mark or ``remember=True``."""
+        with self._lock:
+            self._check_open()
+            machine = self._machine
+            plan = machine.check_put(tube, body, priority, delay, ttr, key, depends_on,
+                                     self._clock())
+            checked = machine.check_extras(key, mark, remember)
+            if isinstance(plan, int):  # the key is taken: nothing stored, the mark moves
+                if checked is None or machine.mark(checked[0]) == checked[1]:
+                    return plan
+                offset = self._append(encode_mark(*checked))
+                machine.apply_mark(*checked)
+                job_id = plan
+            else:
+                try:
+                    offset = self._append(encode_put_with(plan, checked, remember is True))
+                except MessageTooLargeError as exc:
+                    raise _too_large(plan) from exc
+                job_id = offset + 1
+                machine.apply_put_with(job_id, plan, checked, remember is True)
+                if plan[4] or self._waiters:
+                    self._went_back(plan[4])
+        if self._sync:
+            self._durable()
+        return job_id
+
+    def mark(self, name: str) -> int | None:
+        """The position of the last put that carried mark ``name`` (None: none did)."""
+        with self._lock:
+            self._check_open()
+            return self._machine.mark(name)
+
+    def forget(self, tube: str, keys: Iterable[str]) -> int:
+        """Stop remembering ``keys`` of ``tube`` (put with ``remember=True``); return how
+        many were remembered. A key whose job is done is free again; a live job keeps its
+        key until it is deleted. Journaled in records of up to 512 keys: a crash during a
+        large forget may leave only some forgotten (forget them again)."""
+        with self._lock:
+            self._check_open()
+            found = self._machine.check_forget(tube, keys)
+            offset = -1
+            for i in range(0, len(found), FORGET_RECORD_KEYS):
+                part = found[i:i + FORGET_RECORD_KEYS]
+                offset = self._append(encode_forget(tube, part))
+                self._machine.apply_forget(tube, part)
+        if self._sync and offset >= 0:
+            self._durable()
+        return len(found)
+
+    def remembered(self, tube: str, prefix: str = "") -> list[str]:
+        """The remembered keys of ``tube`` (put with ``remember=True``, not forgotten; their
+        jobs live or done) that start with ``prefix``, sorted."""
+        with self._lock:
+            self._check_open()
+            return self._machine.remembered(tube, prefix)
 
     def delete(self, job_id: int) -> None:
         """Delete a job that is ready, delayed, buried or waiting (a reserved one only its
@@ -896,6 +975,13 @@ class JobStore(Resource):
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<k7core.jobs.JobStore {str(self._path)!r} {self._fsync.value} {state}>"
+
+
+def _too_large(plan: PutPlan) -> InvalidJobError:
+    return InvalidJobError(
+        f"a job body of {len(plan[8])} bytes does not fit in the journal's segments of "
+        f"{JOURNAL_SEGMENT} bytes", hint="store a large payload elsewhere and put a "
+        "reference to it")
 
 
 class JobOwner(Resource):

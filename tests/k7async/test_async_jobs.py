@@ -109,3 +109,44 @@ async def test_a_failing_put_among_many_fails_only_its_own_task(tmp_path: Path) 
         assert {store.store.peek(v).body for v in good.values()} == {  # type: ignore[union-attr,arg-type]
             str(n).encode() for n in good}
         assert len(store.store) == 38
+
+
+async def test_a_relay_puts_with_marks_and_remembered_keys(tmp_path: Path) -> None:
+    """A relay task puts rows in order with a mark and remembered keys, among tasks that
+    put plain jobs (one command can hold puts of both); a mark behind fails only its own
+    put; done jobs' keys stay taken until forget."""
+    rows: dict[int, int] = {}
+    async with k7async.open_jobs(tmp_path / "s", fsync="sync") as store:
+
+        async def relay() -> None:
+            for position in range(1, 31):
+                rows[position] = await store.put(b"row %d" % position, tube="out",
+                                                 key=f"row-{position}", remember=True,
+                                                 mark=("relay", position))
+
+        async def other() -> None:
+            for _ in range(30):
+                await store.put(b"other")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relay)
+            for _ in range(3):
+                tg.start_soon(other)
+        assert store.store.mark("relay") == 30 and len(set(rows.values())) == 30
+        with pytest.raises(jobs.InvalidJobError, match="behind"):
+            await store.put(b"late", mark=("relay", 29))
+        with pytest.raises(jobs.InvalidJobError, match="needs a key"):
+            await store.put(b"keyless", remember=True)
+        for job_id in rows.values():
+            await store.delete(job_id)
+        # a row whose key is remembered: nothing stored, the mark moves
+        assert await store.put(b"again", tube="out", key="row-5", mark=("relay", 31)) == rows[5]
+        assert await store.forget("out", ["row-5", "row-6", "row-6", "nope"]) == 2
+        fresh = await store.put(b"again", tube="out", key="row-5")
+        assert fresh > max(rows.values())
+        assert len(store.store) == 91
+    with jobs.JobStore(tmp_path / "s") as reopened:
+        assert reopened.mark("relay") == 31
+        assert reopened.remembered("out", "row-") == sorted(
+            f"row-{p}" for p in range(1, 31) if p not in (5, 6))
+        assert reopened.put(b"x", tube="out", key="row-7") == rows[7]

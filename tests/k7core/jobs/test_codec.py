@@ -12,8 +12,11 @@ from k7core.jobs._codec import (
     dump_snapshot,
     encode_bury,
     encode_delete,
+    encode_forget,
     encode_kick,
+    encode_mark,
     encode_put,
+    encode_put_with,
     encode_ready,
     encode_release,
     load_snapshot,
@@ -115,11 +118,80 @@ def test_record_layouts() -> None:
     assert encode_bury(1, 2, "x") == struct.pack("<BQIB", 4, 1, 2, 1) + b"x"
 
 
+def relay_journal() -> tuple[JobMachine, list[tuple[int, bytes]]]:
+    """A machine with marks and remembered keys (live, done, forgotten), built through the
+    journal records."""
+    m = JobMachine()
+    journal: list[tuple[int, bytes]] = []
+
+    def put(tube: str, key: str | None, mark: tuple[str, int] | None, remember: bool) -> int:
+        offset = 100 * len(journal)
+        plan = m.check_put(tube, b"b", 7, 0, 30, key, (), NOW)
+        checked = m.check_extras(key, mark, remember)
+        if isinstance(plan, int):
+            assert checked is not None
+            journal.append((offset, encode_mark(*checked)))
+            m.apply_mark(*checked)
+            return plan
+        journal.append((offset, encode_put_with(plan, checked, remember)))
+        m.apply_put_with(offset + 1, plan, checked, remember)
+        return offset + 1
+
+    def delete(job_id: int) -> None:
+        journal.append((100 * len(journal), encode_delete(job_id)))
+        m.apply_delete(job_id)
+
+    put("t", "live", ("relay", 1), True)
+    delete(put("t", "done", ("relay", 2), True))
+    delete(put("t", "dropped", None, True))
+    delete(put("u", "ké", ("other", 2**64 - 1), True))
+    assert put("t", "done", ("relay", 3), False) == 101  # a MARK record
+    put("t", None, ("relay", 4), False)
+    forget = m.check_forget("t", ["dropped", "nothing"])
+    journal.append((100 * len(journal), encode_forget("t", forget)))
+    m.apply_forget("t", forget)
+    return m, journal
+
+
+def relay_state(m: JobMachine) -> tuple[object, ...]:
+    return (states(m), m.marks(), {t: dict(k) for t, k in m.remembered_keys().items()})
+
+
+def test_marks_and_remembered_keys_replay_and_load() -> None:
+    m, journal = relay_journal()
+    assert m.marks() == {"relay": 4, "other": 2**64 - 1}
+    assert m.remembered_keys() == {"t": {"live": 1, "done": 101}, "u": {"ké": 501}}
+    again = JobMachine()
+    for offset, record in journal:
+        replay(again, record, offset)
+    assert relay_state(again) == relay_state(m)
+    assert relay_state(load_snapshot(dump_snapshot(again))) == relay_state(m)
+    assert again.check_put("t", b"", 1, 0, 1, "done", (), NOW) == 101
+
+
+def test_relay_record_layouts() -> None:
+    plan = ("tb", 5, 1.5, 60.0, 2.0, 3.0, "k", (), b"BODY")
+    put = encode_put(*plan)
+    assert encode_put_with(plan, None, True) == b"\x07\x02" + put
+    assert encode_put_with(plan, ("ré", 9), False) == (
+        b"\x07\x01" + struct.pack("<H", 3) + "ré".encode() + struct.pack("<Q", 9) + put)
+    assert encode_put_with(plan, ("r", 9), True)[:2] == b"\x07\x03"
+    assert encode_mark("ré", 2**64 - 1) == b"\x08" + struct.pack("<Q", 2**64 - 1) + "ré".encode()
+    assert encode_forget("tb", ["a", "bé"]) == (
+        b"\x09\x02tb" + struct.pack("<H", 1) + b"a" + struct.pack("<H", 3) + "bé".encode())
+
+
 @pytest.mark.parametrize("record", [
-    b"", b"\x09", b"\x02\x00", b"\x02" + bytes(9), b"\x03" + bytes(5), b"\x04" + bytes(3),
+    b"", b"\x0a", b"\x09", b"\x02\x00", b"\x02" + bytes(9), b"\x03" + bytes(5), b"\x04" + bytes(3),
     encode_put("tube", 1, 0, 1, 0, 0, "key", (), b"")[:48],
     encode_put("tube", 1, 0, 1, 0, 0, None, (1, 2), b"")[:-3],
     encode_bury(1, 1, None)[:-1] + b"\x01\xff",
+    b"\x07\x04" + encode_put("t", 1, 0, 1, 0, 0, "k", (), b""),  # an unknown flag
+    b"\x07\x02" + encode_put("t", 1, 0, 1, 0, 0, None, (), b""),  # remember, no key
+    b"\x07\x01" + struct.pack("<H", 5) + b"ab",  # a mark cut short
+    b"\x07\x00" + encode_delete(1),  # not a PUT inside
+    b"\x08" + bytes(4),
+    b"\x09\x05tub", encode_forget("t", ["key"])[:-1],
 ])
 def test_damaged_records_are_reported(record: bytes) -> None:
     with pytest.raises(CorruptJobDataError) as info:
@@ -173,7 +245,7 @@ def test_damaged_snapshots_are_reported(where: int) -> None:
 def test_truncated_or_foreign_snapshots_are_reported() -> None:
     m, _ = journaled_machine()
     data = b"".join(dump_snapshot(m))
-    for bad in (data[:-1], data[:10], b"", b"hello" * 10, data[:8] + b"\x02" + data[9:]):
+    for bad in (data[:-1], data[:10], b"", b"hello" * 10, data[:8] + b"\x03" + data[9:]):
         with pytest.raises(CorruptJobDataError):
             load_snapshot(bad)
 

@@ -469,3 +469,33 @@ def test_dismantle_frees_every_job_and_its_heap_entries(s: Store) -> None:
     s.m.dismantle()
     assert len(s.m) == 0
     assert sys.getrefcount(body) == before
+
+
+def test_remembered_keys_outlive_their_tube_record(s: Store) -> None:
+    """An empty tube's record is dropped past 1024 idle tubes; its remembered keys stay."""
+    plan = s.m.check_put("t0", b"x", 1, 0, 1, "k", (), NOW)
+    assert not isinstance(plan, int) and s.m.check_extras("k", ("relay", 1), True) == (
+        "relay", 1)
+    s.m.apply_put_with(7, plan, ("relay", 1), True)
+    s.delete(7)
+    for i in range(1, 1100):
+        s.delete(s.put(tube=f"t{i}"))
+    assert "t0" not in s.m._tubes
+    assert s.put(tube="t0", key="k") == 7
+    assert (s.m.remembered("t0"), s.m.mark("relay")) == (["k"], 1)
+    s.m.apply_forget("t0", ["k"])
+    assert s.put(tube="t0", key="k") != 7
+
+
+def test_dismantle_frees_remembered_keys(s: Store) -> None:
+    key = "".join(["remembered", "-key"])  # a new object: its count is this test's
+    before = sys.getrefcount(key)
+    for job_id in range(1, 4):
+        plan = s.m.check_put(f"t{job_id}", b"x", 1, 0, 1, key, (), NOW)
+        assert not isinstance(plan, int)
+        s.m.apply_put_with(job_id, plan, None, True)
+        s.m.apply_delete(job_id)
+    del plan
+    assert sys.getrefcount(key) == before + 3
+    s.m.dismantle()
+    assert sys.getrefcount(key) == before

@@ -20,7 +20,6 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -43,30 +42,12 @@ from tests._queuehelp import (
     run_python,
     wait_until,
 )
+from tests.k7core.jobs._storehelp import churn, everything, journal_end
 
 DEADLINE = 30.0
 """A blocked reserve's own timeout: a wake-up must come well before it."""
 PROMPT = 3.0
 """How soon after its cause a wake-up must come (generous: a loaded 2-core machine)."""
-
-
-def journal_end(path: Path) -> int:
-    """The journal's visible end, read by a read-only queue (the store holds the writer)."""
-    with k7core.Queue(path / JOURNAL, readonly=True) as q:
-        return q.end
-
-
-def everything(store: JobStore, ids: list[int]) -> dict[str, Any]:
-    """What the store says about jobs ``ids`` and every tube, for comparisons."""
-    tubes = sorted(store.tubes())
-    return {
-        "jobs": {i: store.peek(i) for i in ids},
-        "len": len(store),
-        "tubes": tubes,
-        "stats": {k: v for k, v in store.stats().items() if k != "total-jobs"},
-        "per-tube": {t: (store.peek_ready(t), store.peek_delayed(t), store.peek_buried(t),
-                         store.errors(t)) for t in tubes},
-    }
 
 
 def disk_bytes(path: Path) -> int:
@@ -81,13 +62,6 @@ def disk_bytes(path: Path) -> int:
 
 
 # ---------------------------------------------------------------------- snapshots
-
-
-def _churn(store: JobStore, nbytes: int, tube: str = "churn") -> None:
-    """Journal about ``nbytes`` of puts, each deleted at once (no live job left)."""
-    body = b"c" * 4000
-    for _ in range(nbytes // len(body) + 1):
-        store.delete(store.put(body, tube=tube))
 
 
 def _store_with_two_snapshots(path: Path) -> tuple[int, int, list[int]]:
@@ -106,9 +80,9 @@ def _store_with_two_snapshots(path: Path) -> tuple[int, int, list[int]]:
             job = me.reserve(("t",), timeout=0)
             assert job is not None
             me.release(job.id, delay=3600, error="later")
-        _churn(store, JOURNAL_SEGMENT + (1 << 20))
+        churn(store, JOURNAL_SEGMENT + (1 << 20))
         older = store.snapshot()  # trims the first segment
-        _churn(store, JOURNAL_SEGMENT + (1 << 20))
+        churn(store, JOURNAL_SEGMENT + (1 << 20))
         store.delete(keep[20])
         late = store.put(b"late", tube="u", key="k", depends_on=[keep[21]])
         newer = store.snapshot()  # keeps the journal from `older`
@@ -267,6 +241,9 @@ Call = Callable[[Scene], object]
 CALLS: dict[str, dict[str, Call]] = {
     "JobStore": {
         "put": lambda s: s.store.put(b"x"),
+        "mark": lambda s: s.store.mark("relay"),
+        "forget": lambda s: s.store.forget("default", ["k"]),
+        "remembered": lambda s: s.store.remembered("default"),
         "delete": lambda s: s.store.delete(s.ready),
         "kick": lambda s: s.store.kick("default", 1),
         "kick_job": lambda s: s.store.kick_job(s.buried),
@@ -416,6 +393,23 @@ BAD: dict[str, Call] = {
     "depends_on bad tube": lambda s: s.store.put(b"x", depends_on=[("a b", "k")]),
     "depends_on missing id": lambda s: s.store.put(b"x", depends_on=[s.ready, 10**9]),
     "depends_on missing key": lambda s: s.store.put(b"x", depends_on=[("default", "nokey")]),
+    "remember without a key": lambda s: s.store.put(b"x", remember=True),
+    "remember not a bool": lambda s: s.store.put(b"x", key="k", remember=1),  # type: ignore[arg-type]
+    "mark not a pair": lambda s: s.store.put(b"x", mark="relay"),  # type: ignore[arg-type]
+    "mark of 3": lambda s: s.store.put(b"x", mark=("relay", 1, 2)),  # type: ignore[arg-type]
+    "mark name ''": lambda s: s.store.put(b"x", mark=("", 1)),
+    "mark name not a str": lambda s: s.store.put(b"x", mark=(5, 1)),  # type: ignore[arg-type]
+    "mark position -1": lambda s: s.store.put(b"x", mark=("relay", -1)),
+    "mark position 2**64": lambda s: s.store.put(b"x", mark=("relay", 2**64)),
+    "mark position 1.0": lambda s: s.store.put(b"x", mark=("relay", 1.0)),  # type: ignore[arg-type]
+    "mark position True": lambda s: s.store.put(b"x", mark=("relay", True)),
+    "mark on a bad put": lambda s: s.store.put("x", mark=("relay", 1)),  # type: ignore[arg-type]
+    "mark read bad name": lambda s: s.store.mark(""),
+    "forget bad tube": lambda s: s.store.forget("a b", ["k"]),
+    "forget a str": lambda s: s.store.forget("default", "k"),
+    "forget bad key": lambda s: s.store.forget("default", ["k", 5]),  # type: ignore[list-item]
+    "remembered bad tube": lambda s: s.store.remembered(""),
+    "remembered bad prefix": lambda s: s.store.remembered("default", 5),  # type: ignore[arg-type]
     "release priority -1": lambda s: s.me.release(s.reserved, priority=-1),
     "release delay -1": lambda s: s.me.release(s.reserved, delay=-1),
     "release error of 4097": lambda s: s.me.release(s.reserved, error="e" * 4097),

@@ -97,7 +97,7 @@ _READY_HEAD = bytes([OP_READY])
 
 MAGIC = b"K7JOBSNP"
 VERSION = 2
-VERSIONS = (1, 2)
+VERSIONS = (1, VERSION)
 """The snapshot versions this code reads."""
 _HEADER = struct.Struct("<8sIQI")
 _COUNT = struct.Struct("<Q")

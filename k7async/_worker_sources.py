@@ -30,7 +30,7 @@ from k7core.workers._beanstalk import (
     take_steps,
     watch_steps,
 )
-from k7core.workers._source import Deps, view
+from k7core.workers._source import Deps, store_counts, view
 
 from ._bridge import post
 from ._jobs import AsyncJobStore
@@ -60,7 +60,6 @@ class AsyncSource(Protocol):
                   key: str | None, depends_on: Deps) -> int: ...
     async def buried(self, tube: str, limit: int | None = None) -> list[JobView]: ...
     async def kick(self, tube: str, bound: int) -> int: ...
-    async def kick_job(self, job_id: int) -> None: ...
     async def counts(self) -> dict[str, dict[str, int]]: ...
     async def aclose(self) -> None: ...
 
@@ -153,13 +152,8 @@ class AsyncStoreSource:
     async def kick(self, tube: str, bound: int) -> int:
         return await self.call(lambda: self._store.kick(tube, bound))
 
-    async def kick_job(self, job_id: int) -> None:
-        await self.call(lambda: self._store.kick_job(job_id))
-
     async def counts(self) -> dict[str, dict[str, int]]:
-        return {tube: {"ready": o.ready, "delayed": o.delayed, "reserved": o.reserved,
-                       "buried": o.buried, "waiting": o.waiting}
-                for tube, o in self._store.overview().items()}
+        return store_counts(self._store)
 
     async def aclose(self) -> None:
         if not self._store.closed:
@@ -216,9 +210,6 @@ class InlineSource:
 
     async def kick(self, tube: str, bound: int) -> int:
         return self.source.kick(tube, bound)
-
-    async def kick_job(self, job_id: int) -> None:
-        self.source.kick_job(job_id)
 
     async def counts(self) -> dict[str, dict[str, int]]:
         return self.source.counts()
@@ -314,12 +305,6 @@ class AsyncBeanstalkSource:
 
     async def kick(self, tube: str, bound: int) -> int:
         return await self._run(kick_steps(tube, bound))
-
-    async def kick_job(self, job_id: int) -> None:
-        async with self._lock:
-            if self._client is None or self._client.closed:
-                self._client = await connect(self.address, timeout=self.timeout)
-            await self._client.kick_job(job_id)
 
     async def counts(self) -> dict[str, dict[str, int]]:
         return await self._run(counts_steps())

@@ -242,10 +242,6 @@ class BeanstalkSource:
     def kick(self, tube: str, bound: int) -> int:
         return self._run(kick_steps(tube, bound))
 
-    def kick_job(self, job_id: int) -> None:
-        with self._lock:
-            self._client.kick_job(job_id)
-
     def counts(self) -> dict[str, dict[str, int]]:
         return self._run(counts_steps())
 

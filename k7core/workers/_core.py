@@ -186,9 +186,6 @@ class Core(Generic[F]):
             "depends_on": tuple(depends_on),
         }
 
-    def tubes(self) -> tuple[str, ...]:
-        return tuple(self.consumers)
-
     # --- running a job ----------------------------------------------------------------
 
     def start(self, job: JobView, *, gated: bool = True) -> Run | Bury | Defer:

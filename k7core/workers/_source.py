@@ -10,7 +10,7 @@ test moves, no thread and no timer.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 from ..jobs import Job, JobOwner, JobState, JobStore
@@ -58,10 +58,16 @@ class Source(Protocol):
     def buried(self, tube: str, limit: int | None = None) -> list[JobView]:
         """The buried jobs of ``tube`` (the first ``limit``), oldest buried first."""
     def kick(self, tube: str, bound: int) -> int: ...
-    def kick_job(self, job_id: int) -> None: ...
     def counts(self) -> dict[str, dict[str, int]]:
         """Per tube, live jobs by state."""
     def close(self) -> None: ...
+
+
+def store_counts(store: JobStore) -> dict[str, dict[str, int]]:
+    """Per tube of ``store``, live jobs by state (the shape of ``Source.counts``)."""
+    return {tube: {"ready": o.ready, "delayed": o.delayed, "reserved": o.reserved,
+                   "buried": o.buried, "waiting": o.waiting}
+            for tube, o in store.overview().items()}
 
 
 def _counts(machine_counts: dict[JobState, int]) -> dict[str, int]:
@@ -119,13 +125,8 @@ class StoreSource:
     def kick(self, tube: str, bound: int) -> int:
         return self.store.kick(tube, bound)
 
-    def kick_job(self, job_id: int) -> None:
-        self.store.kick_job(job_id)
-
     def counts(self) -> dict[str, dict[str, int]]:
-        return {tube: {"ready": o.ready, "delayed": o.delayed, "reserved": o.reserved,
-                       "buried": o.buried, "waiting": o.waiting}
-                for tube, o in self.store.overview().items()}
+        return store_counts(self.store)
 
     def close(self) -> None:
         pass
@@ -218,17 +219,9 @@ class MemorySource:
             self.machine.apply_kick(job_id)
         return len(ids)
 
-    def kick_job(self, job_id: int) -> None:
-        self.machine.check_kick_job(job_id)
-        self.machine.apply_kick(job_id)
-
     def counts(self) -> dict[str, dict[str, int]]:
         self.machine.advance(self.clock())
         return {t: _counts(self.machine.counts(t)) for t in sorted(self.machine.tubes())}
 
     def close(self) -> None:
         pass
-
-
-def tubes_of(names: Iterable[str]) -> tuple[str, ...]:
-    return tuple(sorted(set(names)))

@@ -20,7 +20,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ class CommandError(click.ClickException):
 # ---------------------------------------------------------------------------------- reading
 
 
-def _store_dir(path: str) -> Path:
+def store_dir(path: str) -> Path:
     """``path`` as an existing job store's directory, or a CommandError that says what is
     wrong. Checked before anything opens it: a read-only open of a directory that is no
     store would create files there, and a JobStore would create a new store."""
@@ -100,7 +100,7 @@ def _raced(exc: Exception) -> bool:
         isinstance(exc, StorageError) and exc.errno == errno.ENOENT)
 
 
-def _look(d: Path) -> _Look:
+def read_store(d: Path) -> _Look:
     """Rebuild the store's state from its directory without a lock and without writing."""
     for attempt in range(READ_ATTEMPTS):
         try:
@@ -137,7 +137,7 @@ def _snapshot_bytes(d: Path) -> int:
     return total
 
 
-def _tube_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def tube_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A tube name as beanstalkd allows it, else a usage error (exit status 2)."""
     if value is None:
         return None
@@ -159,14 +159,19 @@ def _job_fields(machine: JobMachine, job: Job, now: float) -> dict[str, Any]:
             "depends_on": list(job.depends_on), "errors": list(job.errors)}
 
 
-def _body_json(body: bytes) -> dict[str, str]:
+def body_json(body: bytes) -> dict[str, str]:
     try:
         return {"body": body.decode("utf-8")}
     except UnicodeDecodeError:
         return {"body_base64": base64.b64encode(body).decode()}
 
 
-def _human_age(seconds: float | None) -> str:
+def error_lines(errors: Iterable[str]) -> list[str]:
+    """Error texts as indented list items, their further lines (a traceback) under them."""
+    return ["  - " + e.rstrip("\n").replace("\n", "\n    ") for e in errors]
+
+
+def human_age(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     if seconds < 60:
@@ -209,8 +214,8 @@ def jobs() -> None:
 def stats(directory: str, as_json: bool) -> None:
     """Live jobs per tube by state, the age of each tube's oldest ready job, and the
     store's journal and snapshot. Reads only."""
-    d = _store_dir(directory)
-    look = _look(d)
+    d = store_dir(directory)
+    look = read_store(d)
     machine, now = look.state.machine, look.now
     tubes: dict[str, dict[str, Any]] = {}
     for name, ov in overview(machine, now).items():
@@ -256,7 +261,7 @@ def stats(directory: str, as_json: bool) -> None:
         t.add_column("oldest ready", justify="right")
         for name, row in tubes.items():
             t.add_row(escape(name), *(f"{row[k]:,}" for k in STATES),
-                      _human_age(row["oldest_ready_age"]))
+                      human_age(row["oldest_ready_age"]))
         out.print(t)
     if look.open:
         out.print("reserved: not journaled, so jobs reserved in the running store count as "
@@ -272,7 +277,7 @@ def stats(directory: str, as_json: bool) -> None:
 def _emit_job(machine: JobMachine, job: Job, now: float, fmt: str) -> None:
     fields = _job_fields(machine, job, now)
     if fmt == "json":
-        click.echo(json.dumps({**fields, **_body_json(job.body)}, indent=2))
+        click.echo(json.dumps({**fields, **body_json(job.body)}, indent=2))
         return
     lines = [f"{k}: {v}" for k, v in fields.items() if k not in ("key", "depends_on", "errors")]
     if job.key is not None:
@@ -281,7 +286,7 @@ def _emit_job(machine: JobMachine, job: Job, now: float, fmt: str) -> None:
         lines.append("depends-on: " + ", ".join(map(str, job.depends_on)))
     if job.errors:
         lines.append(f"errors: {len(job.errors)} (newest last)")
-        lines += ["  - " + e.replace("\n", "\n    ") for e in job.errors]
+        lines += error_lines(job.errors)
     lines.append(f"body: {len(job.body):,} bytes")
     out = sys.stdout.buffer
     if fmt == "raw":  # the body's bytes alone on stdout (to redirect to a file)
@@ -296,11 +301,11 @@ def _emit_job(machine: JobMachine, job: Job, now: float, fmt: str) -> None:
 @jobs.command()
 @click.argument("directory")
 @click.argument("job_id", metavar="[ID]", required=False, type=click.IntRange(min=1))
-@click.option("--ready", metavar="TUBE", callback=_tube_arg,
+@click.option("--ready", metavar="TUBE", callback=tube_arg,
               help="The job a reserve would take next from TUBE.")
-@click.option("--delayed", metavar="TUBE", callback=_tube_arg,
+@click.option("--delayed", metavar="TUBE", callback=tube_arg,
               help="The delayed job of TUBE due first.")
-@click.option("--buried", metavar="TUBE", callback=_tube_arg,
+@click.option("--buried", metavar="TUBE", callback=tube_arg,
               help="The buried job of TUBE that a kick would move first.")
 @click.option("--format", "fmt", type=click.Choice(["utf8", "hex", "json", "raw"]),
               default="utf8", show_default=True,
@@ -313,8 +318,8 @@ def peek(directory: str, job_id: int | None, ready: str | None, delayed: str | N
     chosen = [x for x in (job_id, ready, delayed, buried) if x is not None]
     if len(chosen) != 1:
         raise click.UsageError("give a job ID, or one of --ready, --delayed, --buried TUBE")
-    d = _store_dir(directory)
-    look = _look(d)
+    d = store_dir(directory)
+    look = read_store(d)
     machine = look.state.machine
     how: tuple[str, Callable[[str], Job | None], str] | None = None
     if ready is not None:
@@ -341,54 +346,59 @@ def peek(directory: str, job_id: int | None, ready: str | None, delayed: str | N
 
 @jobs.command()
 @click.argument("directory")
-@click.argument("tube", callback=_tube_arg)
+@click.argument("tube", callback=tube_arg)
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
 def errors(directory: str, tube: str, as_json: bool) -> None:
     """The buried jobs of TUBE (buried longest ago first) with their error texts (newest
     last). Reads only."""
-    d = _store_dir(directory)
-    look = _look(d)
+    d = store_dir(directory)
+    look = read_store(d)
     machine, now = look.state.machine, look.now
     found = machine.errors(tube)
     if as_json:
         click.echo(json.dumps([_job_fields(machine, j, now) for j in found], indent=2))
         return
-    if not found:
+    echo_buried(tube, [(
+        f"job {j.id}  pri {j.priority}  age {human_age(now - j.created_at)}  "
+        f"reserves {j.reserves}  releases {j.releases}  buries {j.buries}  kicks {j.kicks}"
+        + ("" if j.key is None else f"  key {j.key}"), [], j.errors) for j in found])
+
+
+def echo_buried(tube: str, jobs: Sequence[tuple[str, Sequence[str], Sequence[str]]]) -> None:
+    """The text of ``errors`` (here and in ``k7 workers``): for each buried job of ``tube``
+    its heading, its detail lines and its error texts, then how many."""
+    if not jobs:
         click.echo(f"no buried job in tube {tube!r}")
         return
     lines = []
-    for j in found:
-        lines.append(f"job {j.id}  pri {j.priority}  age {_human_age(now - j.created_at)}  "
-                     f"reserves {j.reserves}  releases {j.releases}  buries {j.buries}  "
-                     f"kicks {j.kicks}" + ("" if j.key is None else f"  key {j.key}"))
-        if not j.errors:
-            lines.append("  (no error text)")
-        lines += ["  - " + e.replace("\n", "\n    ") for e in j.errors]
-    lines.append(f"{len(found):,} buried job(s) in tube {tube!r}")
+    for heading, details, texts in jobs:
+        lines += [heading, *details, *(error_lines(texts) if texts else ["  (no error text)"])]
+    lines.append(f"{len(jobs):,} buried job(s) in tube {tube!r}")
     click.echo("\n".join(lines))
 
 
 # ---------------------------------------------------------------------------------- writes
 
 
-def _open_store(directory: str) -> JobStore:
-    """The store, opened to change it; a clear QueueLockedError if a process owns it."""
-    d = _store_dir(directory)
+def open_store(directory: str, hint: str = LOCKED_HINT) -> JobStore:
+    """The store, opened to change it; a QueueLockedError with ``hint`` if a process owns
+    it."""
+    d = store_dir(directory)
     try:
         return JobStore(d, fsync="sync")
     except QueueLockedError as exc:
         raise QueueLockedError(f"job store {d} is open in another process", path=d,
-                               hint=LOCKED_HINT) from exc
+                               hint=hint) from exc
 
 
 @jobs.command(context_settings={"ignore_unknown_options": True})  # N = -1: out of range
 @click.argument("directory")
-@click.argument("tube", callback=_tube_arg)
+@click.argument("tube", callback=tube_arg)
 @click.argument("bound", metavar="N", type=click.IntRange(min=0))
 def kick(directory: str, tube: str, bound: int) -> None:
     """Move up to N jobs of TUBE to ready: its buried jobs (buried longest ago first) if it
     has any, else its delayed ones (due first). Needs the store's lock."""
-    with _open_store(directory) as store:
+    with open_store(directory) as store:
         kind = "buried" if store.tube_stats(tube)["current-jobs-buried"] else "delayed"
         n = store.kick(tube, bound)
     click.echo(f"kicked {n:,} {kind} job(s) of tube {tube!r} to ready")
@@ -399,7 +409,7 @@ def kick(directory: str, tube: str, bound: int) -> None:
 @click.argument("job_id", metavar="ID", type=click.IntRange(min=1))
 def kick_job(directory: str, job_id: int) -> None:
     """Move job ID (buried or delayed) to ready. Needs the store's lock."""
-    with _open_store(directory) as store:
+    with open_store(directory) as store:
         job = store.peek(job_id)
         if job is None:
             raise _not_found(job_id, store.path)
@@ -417,7 +427,7 @@ def kick_job(directory: str, job_id: int) -> None:
 def delete(directory: str, job_ids: tuple[int, ...]) -> None:
     """Delete jobs (any state: the store's owner is not running, so none is reserved).
     All or nothing: if one ID is no live job, none is deleted. Needs the store's lock."""
-    with _open_store(directory) as store:
+    with open_store(directory) as store:
         found = {i: store.peek(i) for i in dict.fromkeys(job_ids)}
         missing = [i for i, job in found.items() if job is None]
         if missing:

@@ -29,8 +29,15 @@ try:
 except ImportError as exc:
     raise _MissingExtraError("k7core.workers.metrics", "metrics", exc) from exc
 
-_OUTCOMES = ("ok", "retried_ok", "failures", "buried", "deferred")
-_QUANTILES = (("0.5", "p50"), ("0.9", "p90"), ("0.95", "p95"), ("0.99", "p99"))
+OUTCOMES = ("ok", "retried_ok", "failures", "buried", "deferred")
+"""The ``outcome`` label's values (``retry_stats()``'s keys)."""
+QUANTILES = (("0.5", "p50"), ("0.9", "p90"), ("0.95", "p95"), ("0.99", "p99"))
+"""The ``quantile`` label's values, and ``processing_time_stats()``'s keys for them."""
+JOBS = "k7_worker_jobs"
+RUNNING = "k7_worker_running"
+PROCESSING = "k7_worker_processing_seconds"
+HEALTHY = "k7_worker_healthy"
+"""The metric families' names (``k7 workers stats`` reads them back)."""
 
 
 class Figures(Protocol):
@@ -55,23 +62,23 @@ class WorkerCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | SummaryMetricFamily]:
         w, name = self._worker, self._name
         jobs = CounterMetricFamily(
-            "k7_worker_jobs", "Jobs handled since the worker started, by outcome (ok, "
+            JOBS, "Jobs handled since the worker started, by outcome (ok, "
             "retried_ok: ok after failing before, failures: runs that raised, buried, "
             "deferred: held by the tube's gate)", labels=["worker", "tube", "outcome"])
         for tube, figures in w.retry_stats().items():
-            for outcome in _OUTCOMES:
+            for outcome in OUTCOMES:
                 jobs.add_metric([name, tube, outcome], figures.get(outcome, 0.0))
-        running = GaugeMetricFamily("k7_worker_running", "Jobs running now",
+        running = GaugeMetricFamily(RUNNING, "Jobs running now",
                                     labels=["worker", "tube"])
         for tube, n in w.running().items():
             running.add_metric([name, tube], n)
         times = GaugeMetricFamily(
-            "k7_worker_processing_seconds", "Run time quantiles over the last hour",
+            PROCESSING, "Run time quantiles over the last hour",
             labels=["worker", "tube", "quantile"])
         for tube, st in w.processing_time_stats().items():
-            for q, key in _QUANTILES:
+            for q, key in QUANTILES:
                 times.add_metric([name, tube, q], st[key])
-        healthy = GaugeMetricFamily("k7_worker_healthy",
+        healthy = GaugeMetricFamily(HEALTHY,
                                     "1 healthy, 0 unhealthy, -1 not checked yet",
                                     labels=["worker"])
         verdict = w.healthy()

@@ -15,6 +15,7 @@ bug).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -23,8 +24,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+import pytest
 
 from k7core.beanstalk import Reply, ReplyParser
 
@@ -149,6 +153,23 @@ def start_k7(directory: Path, max_job_size: int | None = None) -> ServerProcess:
     if max_job_size is not None:
         argv += ["-z", str(max_job_size)]
     return ServerProcess("k7-beanstalkd", argv, port)
+
+
+@contextlib.contextmanager
+def serving(kind: str, directory: Path) -> Iterator[ServerProcess]:
+    """A server for the duration of the block, killed after it: ``"k7"``, ours, its job
+    store in ``directory``; ``"beanstalkd"``, the real one (the test is skipped where it is
+    not installed)."""
+    if kind == "beanstalkd":
+        if beanstalkd_path() is None:
+            pytest.skip("beanstalkd is not installed (apt-get install beanstalkd)")
+        proc = start_beanstalkd()
+    else:
+        proc = start_k7(directory)
+    try:
+        yield proc
+    finally:
+        proc.kill()
 
 
 def raw(reply: Reply) -> bytes:

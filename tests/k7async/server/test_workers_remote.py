@@ -21,21 +21,13 @@ from k7core import K7Error
 from k7core.beanstalk import Client
 from k7core.workers import Backoff, Worker
 
-from ._servers import ServerProcess, beanstalkd_path, start_beanstalkd, start_k7
+from ._servers import ServerProcess, serving
 
 
 @pytest.fixture(params=["k7", "beanstalkd"])
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServerProcess]:
-    if request.param == "beanstalkd":
-        if beanstalkd_path() is None:
-            pytest.skip("beanstalkd is not installed (apt-get install beanstalkd)")
-        proc = start_beanstalkd()
-    else:
-        proc = start_k7(tmp_path / "store")
-    try:
+    with serving(request.param, tmp_path / "store") as proc:
         yield proc
-    finally:
-        proc.kill()
 
 
 def address(server: ServerProcess) -> str:

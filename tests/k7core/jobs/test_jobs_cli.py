@@ -293,7 +293,7 @@ def test_a_read_tries_again_when_a_file_vanished(
         return load_state(*args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(jobs_cli, "load_state", racing)
-    look = jobs_cli._look(d)
+    look = jobs_cli.read_store(d)
     assert len(calls) == 3 and len(look.state.machine) == 6
     calls.clear()
 
@@ -302,7 +302,7 @@ def test_a_read_tries_again_when_a_file_vanished(
 
     monkeypatch.setattr(jobs_cli, "load_state", denied)
     with pytest.raises(StorageError, match="denied"):  # not a race: no second try
-        jobs_cli._look(d)
+        jobs_cli.read_store(d)
 
 
 # ---------------------------------------------------------------------------------- refusals

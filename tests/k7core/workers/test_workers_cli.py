@@ -305,8 +305,10 @@ def test_errors_and_retry_over_a_beanstalkd_server(server: ServerProcess,
         st = c.stats_tube("charge")
         assert (st["current-jobs-ready"], st["current-jobs-buried"],
                 st["current-jobs-delayed"]) == (2, 0, 1)  # the delayed job was not kicked
-    out = failed(run("errors", f"beanstalk://127.0.0.1:{free_port()}", "charge"))
-    assert "BeanstalkConnectionError" in out
+    for nobody in (f"beanstalk://127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
+                   f"unix:{tmp_path}/no.sock"):  # addresses, not directories
+        assert "BeanstalkConnectionError" in failed(run("errors", nobody, "charge"))
+        assert "BeanstalkConnectionError" in failed(run("retry", nobody, "charge", "--all"))
     if server.name == "k7-beanstalkd":
         # the store under our server, read from its directory once the server has written
         # its journal out (it stopped): the errors are those the jobs' envelopes carry

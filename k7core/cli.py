@@ -69,6 +69,7 @@ from ._storage import (
     try_lock,
 )
 from .jobs._cli import jobs as jobs_group
+from .outbox._cli import outbox as outbox_group
 
 EXIT_CORRUPT = 1
 EXIT_ERROR = 3
@@ -187,6 +188,7 @@ def cli() -> None:
 
 
 cli.add_command(jobs_group)  # under cli: its K7Error translation covers the jobs commands
+cli.add_command(outbox_group)
 cli.add_command(serve_command)
 
 

@@ -21,13 +21,14 @@ a remembered key, delete). ``docs/outbox.md`` has the details.
 
 from types import FunctionType
 
+from ._open import relay as relay
 from ._outbox import Outbox as Outbox
 from ._postgres import PostgresRelay as PostgresRelay
 from ._relay import Relay as Relay
 from ._sql import DEFAULT_TABLE as DEFAULT_TABLE
 from ._sqlite import SqliteRelay as SqliteRelay
 
-__all__ = ["DEFAULT_TABLE", "Outbox", "PostgresRelay", "Relay", "SqliteRelay"]
+__all__ = ["DEFAULT_TABLE", "Outbox", "PostgresRelay", "Relay", "SqliteRelay", "relay"]
 
 # Public classes and functions report this package as their module (as k7core's do).
 for _value in [globals()[name] for name in __all__]:

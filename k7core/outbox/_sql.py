@@ -142,6 +142,7 @@ class Postgres:
         self.undone = f"DELETE FROM {t}_done WHERE tube = %s AND key = ANY(%s)"
         self.listen = f"LISTEN {t}"
         self.count = f"SELECT count(*) FROM {t}"
+        self.count_done = f"SELECT count(*) FROM {t}_done"
 
 
 def key_prefix(name: str) -> str:

@@ -10,7 +10,7 @@ import weakref
 from pathlib import Path
 
 from ..jobs._store import JobStore
-from ._relay import Relay, put_row
+from ._relay import Relay, log, put_row
 from ._sql import DEFAULT_TABLE, Sqlite, row
 
 POLL = 0.005
@@ -94,8 +94,11 @@ class SqliteRelay(Relay):
                             self.relayed += 1
                 upto = store.mark(name) or 0
             if upto > self._deleted_upto:  # stored (under "sync": durable): drop the rows
-                conn.execute(sql.delete_upto, (upto,))
-                self._deleted_upto = upto
+                try:
+                    conn.execute(sql.delete_upto, (upto,))
+                    self._deleted_upto = upto
+                except sqlite3.OperationalError as exc:  # busy past the timeout: next time
+                    log.warning("%s: relayed rows not deleted yet: %s", self, exc)
             return len(rows)
 
     def _wait(self, stop: threading.Event, timeout: float) -> None:

@@ -54,7 +54,7 @@ def postgres(root: Path) -> Iterator[str]:
     """A PostgreSQL server (pgserver) in ``root``: its DSN; stopped after."""
     import pgserver
 
-    server = pgserver.get_server(root / "pgdata", cleanup_mode="stop")
+    server = pgserver.get_server(root / "pgdata", cleanup_mode="stop")  # type: ignore[attr-defined]
     try:
         yield server.get_uri()
     finally:

@@ -7,8 +7,10 @@ import os
 import sqlite3
 import threading
 import weakref
+from contextlib import suppress
 from pathlib import Path
 
+from .._errors import ClosedError
 from ..jobs._store import JobStore
 from ._relay import Relay, log, put_row
 from ._sql import DEFAULT_TABLE, Sqlite, row
@@ -117,7 +119,13 @@ class SqliteRelay(Relay):
             remaining -= POLL
 
     def _disconnect(self) -> None:
-        self._deleted_upto = -1
         conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+        if conn is None:
+            return
+        if self._name is not None and not self.store.closed:  # drop what was relayed
+            with suppress(sqlite3.Error, ClosedError):  # the store closing meanwhile
+                upto = self.store.mark(self._name) or 0
+                if upto > self._deleted_upto:
+                    conn.execute(self._sql.delete_upto, (upto,))
+        self._deleted_upto = -1
+        conn.close()

@@ -14,8 +14,9 @@ Cases: ``_k7`` (single calls: enqueue, poll, round trips, 64 KiB, baselines), ``
 (four groups, sustained runs in one and two processes, peak RSS), ``_async`` (k7async
 bridges), ``_peers``, ``_jobs`` (issue 14: the job store against litequeue, persist-queue,
 huey and beanstalkd, 100-byte bodies; every name starts with ``jobs``, so ``--only jobs``),
-``_server`` (our beanstalkd server against beanstalkd 1.12, the same client processes for
-both; ``--only server``).
+``_outbox`` (issue 16: outbox relay throughput and lag, SQLite and PostgreSQL, against
+pgqueuer's enqueue; ``--only outbox``), ``_server`` (our beanstalkd server against
+beanstalkd 1.12, the same client processes for both; ``--only server``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import traceback
 from datetime import date
 from pathlib import Path
 
-from . import _async, _jobs, _k7, _peers, _scenarios, _server
+from . import _async, _jobs, _k7, _outbox, _peers, _scenarios, _server
 from ._harness import (
     Case,
     Record,
@@ -71,6 +72,9 @@ def build_cases(quick: bool, peers: bool) -> tuple[list[Case], list[Skipped]]:
     cases += _async.cases(_async.QUICK if quick else _async.FULL)
     job_cases, skipped = _jobs.cases(_jobs.QUICK if quick else _jobs.FULL, peers)
     cases += job_cases
+    outbox_cases, outbox_skipped = _outbox.cases(_outbox.QUICK if quick else _outbox.FULL, peers)
+    cases += outbox_cases
+    skipped += outbox_skipped
     if peers:
         peer_cases, peer_skipped = _peers.cases(*((1_000, 100) if quick else (5_000, 500)))
         cases += peer_cases

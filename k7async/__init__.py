@@ -24,6 +24,7 @@ from ._errors import StreamClosedError as StreamClosedError
 from ._jobs import AsyncJobOwner as AsyncJobOwner
 from ._jobs import AsyncJobStore as AsyncJobStore
 from ._jobs import open_jobs as open_jobs
+from ._outbox import run_relay as run_relay
 from ._producer import producer_channel as producer_channel
 from ._producer import sink as sink
 from ._queue import AsyncQueue as AsyncQueue
@@ -59,6 +60,7 @@ __all__ = [
     "open_queue",
     "producer_channel",
     "queue_writer",
+    "run_relay",
     "sink",
 ]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from k7core.beanstalk import DEFAULT_MAX_JOB_SIZE
+from k7core.outbox import DEFAULT_TABLE, Relay, relay
 
 from ._main import MAX_JOB_SIZE, announce, check_job_size, configure_logging, run
 from ._server import Listen, Server, ServerConfig
@@ -31,10 +32,16 @@ from ._server import Listen, Server, ServerConfig
               show_default=True, help="The event loop (asyncio uses uvloop if installed).")
 @click.option("--metrics", metavar="HOST:PORT", default=None,
               help="Serve Prometheus metrics over HTTP there.")
+@click.option("--outbox", "outboxes", multiple=True, metavar="SOURCE",
+              help="Relay this transactional outbox into the served store, exactly once "
+              "(repeatable): a PostgreSQL DSN or a SQLite file; see `k7 outbox`.")
+@click.option("--outbox-table", default=DEFAULT_TABLE, show_default=True,
+              help="The outbox table of every --outbox.")
 @click.option("--verbose", "-v", count=True, help="Log connections (-vv: more).")
 def serve_command(
     directory: Path, listen: tuple[str, ...], fsync: str, commit_interval: float,
-    max_job_size: int, backend: str, metrics: str | None, verbose: int,
+    max_job_size: int, backend: str, metrics: str | None, outboxes: tuple[str, ...],
+    outbox_table: str, verbose: int,
 ) -> None:
     """Serve the job store in DIRECTORY over the beanstalkd protocol; prints a line
     "listening on HOST:PORT" per address once ready. SIGUSR1: drain mode (puts get
@@ -46,21 +53,32 @@ def serve_command(
             commit_interval=commit_interval, max_job_size=check_job_size(max_job_size))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    if metrics is None:
-        run(config, backend)
-        return
-    with _metrics_http(metrics):
-        run(config, backend, on_ready=_with_metrics)
+    relays: list[Relay] = []
+
+    def ready(server: Server) -> None:
+        if metrics is not None:
+            _collect(server)
+        for source in outboxes:  # a bad source stops the server here, with the reason
+            relays.append(relay(source, server.jobs.store, table=outbox_table))
+            relays[-1].relay_once()
+            relays[-1].start()
+        announce(server)
+
+    try:
+        with _metrics_http(metrics) if metrics is not None else contextlib.nullcontext():
+            run(config, backend, on_ready=ready)
+    finally:
+        for r in relays:
+            r.close()
 
 
-def _with_metrics(server: Server) -> None:
+def _collect(server: Server) -> None:
     from k7core.jobs.metrics import JobStoreCollector
 
     from .metrics import ServerCollector
 
     ServerCollector(server)
     JobStoreCollector(server.jobs.store)
-    announce(server)
 
 
 @contextlib.contextmanager

@@ -655,6 +655,13 @@ class JobMachine:
             raise InvalidJobError(f"prefix {prefix!r:.80} is not valid", hint="use a str")
         return sorted(k for k in self._kept.get(tube, ()) if k.startswith(prefix))
 
+    def find(self, tube: str, key: str) -> int | None:
+        """The id of the live job of ``tube`` with ``key`` (None: no such live job)."""
+        check_tube(tube)
+        check_key(key)
+        t = self._tubes.get(tube)
+        return None if t is None else t.keys.get(key)
+
     def remembered_keys(self) -> dict[str, dict[str, int]]:
         """Every remembered key, per tube, with the id it had (the machine's own dicts:
         read them, do not change them)."""

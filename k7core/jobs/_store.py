@@ -545,6 +545,13 @@ class JobStore(Resource):
             self._check_open()
             return self._machine.peek(job_id)
 
+    def find(self, tube: str, key: str) -> int | None:
+        """The id of the live job of ``tube`` that has ``key`` (None: no live job has it,
+        even if the key is remembered)."""
+        with self._lock:
+            self._check_open()
+            return self._machine.find(tube, key)
+
     def peek_ready(self, tube: str = "default") -> Job | None:
         """The job ``reserve`` would take next from ``tube``."""
         with self._lock:

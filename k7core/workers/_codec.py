@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import pickle
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -113,6 +115,25 @@ def pack(payload: bytes, context: Mapping[str, Any] | None = None,
         raise PayloadError(f"the job's context cannot be stored: {exc}",
                            hint="give context variables JSON values (str, int, ...)") from exc
     return MAGIC + _LENGTH.pack(len(head)) + head + payload
+
+
+def encode_body(c: Codec, context: Iterable[ContextVar[Any]], payload: Any, tube: str
+                ) -> bytes:
+    """The body of a new job of ``tube``: ``payload`` encoded by ``c``, with the values the
+    ``context`` variables have in the caller (those that are set)."""
+    try:
+        encoded = c.encode(payload)
+    except Exception as exc:
+        raise PayloadError(f"the {c.name} codec cannot encode this payload of "
+                           f"tube {tube!r}: {exc}",
+                           hint="pass another codec to the consumer, worker or outbox") from exc
+    if isinstance(encoded, str):
+        encoded = encoded.encode()
+    values = {}
+    for var in context:
+        with suppress(LookupError):
+            values[var.name] = var.get()
+    return pack(encoded, values)
 
 
 def unpack(body: bytes) -> Envelope:

@@ -13,13 +13,13 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
 
 from .._errors import K7Error
-from ._codec import Codec, PayloadError, codec, pack, unpack
+from ._codec import Codec, PayloadError, codec, encode_body, unpack
 from ._monitor import Monitor
 from ._policy import (
     Action,
@@ -166,21 +166,10 @@ class Core(Generic[F]):
                  ) -> tuple[bytes, dict[str, Any]]:
         """The body and the keyword arguments of a source's put."""
         o = self.options(tube)
-        try:
-            encoded = o.codec.encode(payload)
-        except Exception as exc:
-            raise PayloadError(f"the {o.codec.name} codec cannot encode this payload of "
-                               f"tube {tube!r}: {exc}",
-                               hint="pass another codec to the consumer or worker") from exc
-        if isinstance(encoded, str):
-            encoded = encoded.encode()
-        context = {}
-        for var in o.context:
-            with suppress(LookupError):
-                context[var.name] = var.get()
+        body = encode_body(o.codec, o.context, payload, tube)
         if depends_on is None:
             depends_on = o.depends_on(payload) if o.depends_on is not None else ()
-        return pack(encoded, context), {
+        return body, {
             "tube": tube, "priority": o.priority if priority is None else priority,
             "delay": delay, "ttr": o.ttr if ttr is None else ttr, "key": key,
             "depends_on": tuple(depends_on),

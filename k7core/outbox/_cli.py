@@ -1,0 +1,92 @@
+"""``k7 outbox``: run a relay as its own process, and look at an outbox's backlog.
+
+``k7core.cli`` adds the group to ``k7``; its ``K7Error`` translation covers these commands.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sqlite3
+import threading
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from ..jobs._store import JobStore
+from ._open import is_postgres, relay, sqlite_path
+from ._postgres import driver
+from ._sql import DEFAULT_TABLE, Postgres, Sqlite
+
+
+@click.group("outbox")
+def outbox() -> None:
+    """The transactional outbox: relay rows into a job store, look at the backlog.
+
+    SOURCE: a PostgreSQL DSN (postgresql://...) or a SQLite file (PATH, sqlite:PATH).
+    """
+
+
+@outbox.command("relay")
+@click.argument("source")
+@click.argument("store", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--table", default=DEFAULT_TABLE, show_default=True, help="The outbox table.")
+@click.option("--batch", type=click.IntRange(1), default=1000, show_default=True,
+              help="Rows per batch (one transaction).")
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+              help="Relays at once (PostgreSQL: they share the rows; SQLite: they take turns).")
+@click.option("--fsync", type=click.Choice(["flush", "sync", "async"]), default="flush",
+              show_default=True, help="The job store's fsync strategy (sync: a relayed row "
+              "survives power loss).")
+@click.option("--verbose", "-v", count=True, help="Log each batch's failures and more.")
+def relay_command(source: str, store: Path, table: str, batch: int, threads: int, fsync: str,
+                  verbose: int) -> None:
+    """Relay the outbox of SOURCE into the job store in directory STORE (created if
+    missing), exactly once, until SIGTERM or SIGINT. Prints "relaying" once running."""
+    logging.basicConfig(level=logging.WARNING if verbose == 0 else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    with JobStore(store, fsync=fsync) as jobs:
+        relays = [relay(source, jobs, table=table, batch=batch) for _ in range(threads)]
+        try:
+            relays[0].relay_once()  # a missing table or a bad DSN fails here, in the open
+            for r in relays:
+                r.start()
+            click.echo(f"relaying {table} to {store}", err=False)
+            stop.wait()
+        finally:
+            for r in relays:
+                r.close()
+        click.echo(f"stopped: {sum(r.relayed for r in relays)} jobs relayed")
+
+
+@outbox.command("status")
+@click.argument("source")
+@click.option("--table", default=DEFAULT_TABLE, show_default=True, help="The outbox table.")
+def status_command(source: str, table: str) -> None:
+    """Rows of SOURCE's outbox waiting for a relay (and, on PostgreSQL, keys a relay has
+    yet to forget)."""
+    if is_postgres(source):
+        pg = Postgres(table)
+        with driver().connect(source) as conn:
+            (waiting,) = conn.execute(pg.count).fetchone()
+            (done,) = conn.execute(pg.count_done).fetchone()
+        click.echo(f"{waiting} rows waiting, {done} relayed keys to forget")
+        return
+    lite = Sqlite(table)
+    path = Path(sqlite_path(source))
+    if not path.exists():
+        raise click.ClickException(f"{path}: no such file")
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        try:
+            (waiting,) = conn.execute(lite.count).fetchone()
+        except sqlite3.OperationalError as exc:
+            raise click.ClickException(f"{path}: no outbox {table!r} ({exc})") from exc
+    click.echo(f"{waiting} rows waiting")

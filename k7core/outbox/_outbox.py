@@ -1,0 +1,111 @@
+"""``Outbox``: create the outbox table and put jobs as rows, on the caller's own connection and
+in the caller's own transaction (sqlite3, psycopg 3 sync and async)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from ..jobs._errors import InvalidJobError
+from ..jobs._machine import check_body, check_key, check_priority, check_seconds, check_tube
+from ..jobs._store import MAX_BODY
+from ..workers._codec import Codec, encode_body
+from ..workers._codec import codec as _codec_of
+from ._sql import DEFAULT_TABLE, Postgres, Sqlite, deps_text
+
+if TYPE_CHECKING:
+    import psycopg
+
+Deps = Iterable[int | tuple[str, str]]
+
+
+class Outbox:
+    """Jobs put as rows of table ``table`` in the application's database, in its
+    transactions; a relay (:class:`SqliteRelay`, :class:`PostgresRelay`) moves committed rows
+    into a job store. A rolled-back transaction puts nothing.
+
+    ``codec`` and ``context`` are the workers' (``k7core.workers``): the payload is encoded
+    and the context variables' values captured as ``Worker.put`` does, so a worker with the
+    same codec reads the job as its own.
+    """
+
+    def __init__(self, table: str = DEFAULT_TABLE, *, codec: str | Codec = "json",
+                 context: Iterable[ContextVar[Any]] = ()) -> None:
+        self._sqlite = Sqlite(table)
+        self._postgres = Postgres(table)
+        self.table = table
+        self.codec = _codec_of(codec)
+        self.context = tuple(context)
+        if not all(isinstance(v, ContextVar) for v in self.context):
+            raise TypeError("context takes contextvars.ContextVar objects")
+
+    # --- the table ---------------------------------------------------------------------
+
+    def create(self, conn: sqlite3.Connection | psycopg.Connection[Any]) -> None:
+        """Create the outbox's tables if they do not exist (idempotent, safe to run from
+        several processes at once). In a transaction of the caller's, it becomes part of it
+        (a savepoint); otherwise it commits."""
+        if isinstance(conn, sqlite3.Connection):
+            conn.execute("SAVEPOINT k7_outbox_create")
+            try:
+                for statement in self._sqlite.create:
+                    conn.execute(statement)
+            except BaseException:
+                conn.execute("ROLLBACK TO k7_outbox_create")
+                conn.execute("RELEASE k7_outbox_create")
+                raise
+            conn.execute("RELEASE k7_outbox_create")
+            return
+        with conn.transaction():
+            for statement in self._postgres.create:
+                conn.execute(statement)
+
+    async def acreate(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """:meth:`create` on a psycopg ``AsyncConnection``."""
+        async with conn.transaction():
+            for statement in self._postgres.create:
+                await conn.execute(statement)
+
+    # --- puts --------------------------------------------------------------------------
+
+    def put(self, conn: sqlite3.Connection | psycopg.Connection[Any], tube: str, payload: Any,
+            *, priority: int = 1024, delay: float = 0.0, ttr: float = 60.0,
+            key: str | None = None, depends_on: Deps = ()) -> int:
+        """Put a job as a row on ``conn``, in its current transaction (it is relayed once
+        that commits; a rollback puts nothing); return the row's id. The arguments are
+        ``JobStore.put``'s and are checked here, so a row the relay cannot store is refused
+        at once. ``delay`` counts from now, not from the relay."""
+        values = self._values(tube, payload, priority, delay, ttr, key, depends_on)
+        if isinstance(conn, sqlite3.Connection):
+            row_id = conn.execute(self._sqlite.insert, values).lastrowid
+            assert row_id is not None
+            return row_id
+        found = conn.execute(self._postgres.insert, values).fetchone()
+        assert found is not None
+        return int(found[0])
+
+    async def aput(self, conn: psycopg.AsyncConnection[Any], tube: str, payload: Any, *,
+                   priority: int = 1024, delay: float = 0.0, ttr: float = 60.0,
+                   key: str | None = None, depends_on: Deps = ()) -> int:
+        """:meth:`put` on a psycopg ``AsyncConnection``."""
+        values = self._values(tube, payload, priority, delay, ttr, key, depends_on)
+        cursor = await conn.execute(self._postgres.insert, values)
+        found = await cursor.fetchone()
+        assert found is not None
+        return int(found[0])
+
+    def _values(self, tube: str, payload: Any, priority: int, delay: float, ttr: float,
+                key: str | None, depends_on: Deps) -> tuple[Any, ...]:
+        check_tube(tube)
+        body = check_body(encode_body(self.codec, self.context, payload, tube))
+        if len(body) > MAX_BODY:
+            raise InvalidJobError(f"the job body is {len(body)} bytes, over the job store's "
+                                  f"{MAX_BODY}", hint="put large data elsewhere and a "
+                                                      "reference in the job")
+        if key is not None:
+            check_key(key)
+        return (tube, body, check_priority(priority), check_seconds(delay, "delay"),
+                check_seconds(ttr, "ttr"), key, deps_text(depends_on), time.time())

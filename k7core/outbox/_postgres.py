@@ -1,0 +1,148 @@
+"""The PostgreSQL relay: sequence values can commit out of order, so rows are claimed
+(``FOR UPDATE SKIP LOCKED``), put with a key the store remembers, and deleted; the store
+forgets the keys once the delete has committed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from .._errors import MissingExtraError
+from ..jobs._store import JobStore
+from ._relay import Relay, put_row
+from ._sql import DEFAULT_TABLE, Postgres, key_prefix, row
+
+if TYPE_CHECKING:
+    import psycopg
+
+
+def driver() -> Any:
+    """The psycopg module (the ``postgres`` extra)."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise MissingExtraError("the PostgreSQL outbox relay", "postgres", exc) from exc
+    return psycopg
+
+NOTIFY_POLL = 0.1
+"""Seconds a listening relay waits for a notification before it looks whether it was
+closed."""
+
+
+class PostgresRelay(Relay):
+    """Relays the outbox table ``table`` of the PostgreSQL database at ``dsn`` into ``store``.
+
+    A batch is one transaction: claim up to ``batch`` rows (``FOR UPDATE SKIP LOCKED``, so
+    several relays share the rows), put each with the row's own key or
+    ``<outbox name>:<row id>`` and ``remember=True`` (a row put again after a crash stores
+    nothing), delete the rows and record their keys in ``<table>_done``, commit; then the
+    store forgets the keys and the done rows go. A relay that starts forgets the keys of
+    rows deleted by one that died before it could. Wakes up on ``LISTEN <table>`` (the
+    table's insert trigger notifies), with a look every second besides.
+    """
+
+    def __init__(self, dsn: str, store: JobStore, *, table: str = DEFAULT_TABLE,
+                 batch: int = 1000) -> None:
+        super().__init__(store, batch=batch)
+        self._psycopg = driver()
+        self.dsn = dsn
+        self._sql = Postgres(table)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._listener: psycopg.Connection[Any] | None = None
+        self._prefix = ""
+        self._forgotten: dict[str, list[str]] = {}  # done rows to delete at the next batch
+
+    def __repr__(self) -> str:
+        return f"<PostgresRelay {self._sql.table}>"
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            conn = self._psycopg.connect(self.dsn)
+            try:
+                found = conn.execute(self._sql.name).fetchone()
+                conn.commit()
+                if found is None:
+                    raise LookupError("no name row")
+                self._prefix = key_prefix(found[0])
+                self._forget_done(conn)
+            except (self._psycopg.errors.UndefinedTable, LookupError) as exc:
+                conn.close()
+                raise FileNotFoundError(f"the database has no outbox {self._sql.table!r} "
+                                        f"({exc}); create it with Outbox.create") from exc
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn
+
+    def _forget_done(self, conn: psycopg.Connection[Any]) -> None:
+        """Forget the keys of every row a relay deleted (this one, or one that died)."""
+        by_tube: dict[str, list[str]] = defaultdict(list)
+        for tube, key in conn.execute(self._sql.done):
+            by_tube[tube].append(key)
+        conn.commit()
+        for tube, keys in by_tube.items():
+            self.store.forget(tube, keys)
+        with conn.transaction():
+            for tube, keys in by_tube.items():
+                conn.execute(self._sql.undone, (tube, keys))
+
+    def relay_once(self) -> int:
+        with self._lock:
+            conn = self._connect()
+            store, sql = self.store, self._sql
+            with conn.transaction():
+                for tube, gone in self._forgotten.items():
+                    conn.execute(sql.undone, (tube, gone))
+                self._forgotten = {}
+                rows = [row(r) for r in conn.execute(sql.claim, (self.batch,))]
+                if not rows:
+                    return 0
+                prefix, now = self._prefix, self._now()
+                keys: dict[str, list[str]] = defaultdict(list)
+                with store.batch():
+                    for r in rows:
+                        key = r.key if r.key is not None else f"{prefix}{r.id}"
+                        if put_row(store, r, key=key, mark=None, remember=True,
+                                   now=now) is None:
+                            self.skipped += 1
+                        else:
+                            self.relayed += 1
+                        keys[r.tube].append(key)
+                conn.execute(sql.delete, ([r.id for r in rows], prefix))
+            for tube, tube_keys in keys.items():  # committed: the rows are gone for good
+                store.forget(tube, tube_keys)
+            self._forgotten = dict(keys)
+            return len(rows)
+
+    def _arm(self) -> None:
+        if self._listener is None:
+            listener = self._psycopg.connect(self.dsn, autocommit=True)
+            try:
+                listener.execute(self._sql.listen)
+            except BaseException:
+                listener.close()
+                raise
+            self._listener = listener
+
+    def _wait(self, stop: threading.Event, timeout: float) -> None:
+        listener = self._listener
+        if listener is None:
+            stop.wait(timeout)
+            return
+        end = time.monotonic() + timeout
+        while not stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            for _ in listener.notifies(timeout=min(NOTIFY_POLL, left), stop_after=1):
+                return
+
+    def _disconnect(self) -> None:
+        self._forgotten = {}
+        for conn in (self._conn, self._listener):
+            if conn is not None:
+                conn.close()
+        self._conn = self._listener = None

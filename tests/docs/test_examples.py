@@ -1,0 +1,20 @@
+"""The examples the docs point to run as they are (a child process each)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_outbox_web_example_runs(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "outbox_web.py"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "201 Created" in out and "400 Bad Request" in out
+    assert out.count("receipt sent for order") == 2
+    assert "orders: [(1, 'tea', 1), (2, 'jam', 1)]" in out
+    assert "ConnectionError: mail server busy" in done.stderr  # the first attempts failed

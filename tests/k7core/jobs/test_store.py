@@ -251,6 +251,7 @@ CALLS: dict[str, dict[str, Call]] = {
         "owner": lambda s: s.store.owner().close(),
         "peek": lambda s: s.store.peek(s.ready),
         "peek_ready": lambda s: s.store.peek_ready(),
+        "find": lambda s: s.store.find("default", "k"),
         "peek_delayed": lambda s: s.store.peek_delayed(),
         "peek_buried": lambda s: s.store.peek_buried(),
         "errors": lambda s: s.store.errors(),

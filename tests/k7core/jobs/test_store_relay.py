@@ -127,6 +127,19 @@ def test_a_remembered_key_outlives_its_job(path: Path) -> None:
         assert store.tubes() == ["u"], "a tube with remembered keys only has no jobs"
 
 
+def test_find_gives_the_live_job_of_a_key_only(path: Path) -> None:
+    with reopened(path) as store:
+        job = store.put(b"a", tube="t", key="k", remember=True)
+        other = store.put(b"b", tube="u", key="k")
+        assert (store.find("t", "k"), store.find("u", "k"), store.find("t", "x")) == (
+            job, other, None)
+        assert store.find("nowhere", "k") is None
+        store.delete(job)
+        assert (store.find("t", "k"), store.remembered("t")) == (None, ["k"])
+        with pytest.raises(InvalidJobError):
+            store.find("-bad", "k")
+
+
 def test_forget_frees_a_key(path: Path) -> None:
     with reopened(path) as store:
         gone = store.put(b"a", key="gone", remember=True)

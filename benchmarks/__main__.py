@@ -15,7 +15,8 @@ Cases: ``_k7`` (single calls: enqueue, poll, round trips, 64 KiB, baselines), ``
 bridges), ``_peers``, ``_jobs`` (issue 14: the job store against litequeue, persist-queue,
 huey and beanstalkd, 100-byte bodies; every name starts with ``jobs``, so ``--only jobs``),
 ``_server`` (our beanstalkd server against beanstalkd 1.12, the same client processes for
-both; ``--only server``).
+both; ``--only server``), ``_workers`` (issue 16: worker throughput with an empty consumer,
+k7's workers against huey, pgqueuer, arq and RQ; ``--only workers``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import traceback
 from datetime import date
 from pathlib import Path
 
-from . import _async, _jobs, _k7, _peers, _scenarios, _server
+from . import _async, _jobs, _k7, _peers, _scenarios, _server, _workers
 from ._harness import (
     Case,
     Record,
@@ -71,6 +72,10 @@ def build_cases(quick: bool, peers: bool) -> tuple[list[Case], list[Skipped]]:
     cases += _async.cases(_async.QUICK if quick else _async.FULL)
     job_cases, skipped = _jobs.cases(_jobs.QUICK if quick else _jobs.FULL, peers)
     cases += job_cases
+    worker_cases, worker_skipped = _workers.cases(_workers.QUICK if quick else _workers.FULL,
+                                                  peers)
+    cases += worker_cases
+    skipped += worker_skipped
     if peers:
         peer_cases, peer_skipped = _peers.cases(*((1_000, 100) if quick else (5_000, 500)))
         cases += peer_cases

@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import importlib.util
 import itertools
 import json
 import shutil
@@ -87,6 +88,7 @@ DONE_TIMEOUT = 600.0  # seconds a run may take before it is called stuck
 
 # Record names that benchmarks/targets.py reads.
 K7_WORKER = "workers k7 Worker [flush], 1 thread"
+K7_WORKER_SYNC = "workers k7 Worker [sync], 4 threads"
 K7_ASYNC = "workers k7 AsyncWorker [flush], 1 task (asyncio)"
 BARE_LOOP = "workers baseline: reserve+delete loop [flush]"
 
@@ -253,11 +255,19 @@ def _bare_loop_case(n: int) -> Case:
 # -------------------------------------------------------------- Worker over a server
 
 
+def server_name(ours: bool, conns: str) -> str:
+    """The record of ``Worker`` over our server (or beanstalkd) with ``conns``
+    (``"1 connection"``, ``"4 connections"``)."""
+    return (f"workers {'k7' if ours else 'peer'} Worker over "
+            f"{'k7 server [flush]' if ours else 'beanstalkd -b'}, {conns}")
+
+
+def _connections(n: int) -> str:
+    return f"{n} connection{'s' if n > 1 else ''}"
+
+
 def _server_case(n: int, conns: int, ours: bool) -> Case:
-    server = "k7 server [flush]" if ours else "beanstalkd -b"
-    plural = "s" if conns > 1 else ""
-    name = (f"workers {'k7' if ours else 'peer'} Worker over {server}, "
-            f"{conns} connection{plural}")
+    name = server_name(ours, _connections(conns))
 
     @contextmanager
     def setup(root: Path) -> Iterator[Run]:
@@ -490,8 +500,8 @@ def _arq_case(n: int) -> Case:
                        burst=True, poll_delay=0, handle_signals=False)
             t0 = time.perf_counter()
             await asyncio.wait_for(w.main(), DONE_TIMEOUT)
-            elapsed = time.perf_counter() - t0
-            await w.close()
+            elapsed = time.perf_counter() - t0  # (not w.close(): it calls the pool's
+            # deprecated close(); the pool is closed below)
             if not _ARQ_COUNT.done.is_set():
                 raise RuntimeError("arq: burst ended before running every job")
             return elapsed
@@ -566,8 +576,7 @@ class _Peer:
 
 def _peers() -> list[_Peer]:
     return [
-        _Peer(tuple(f"workers peer Worker over beanstalkd -b, {c}" for c in
-                    ("1 connection", "4 connections")), (), "beanstalkd",
+        _Peer(tuple(server_name(False, _connections(c)) for c in (1, 4)), (), "beanstalkd",
               lambda s: [_server_case(s.server_jobs, c, ours=False) for c in (1, 4)]),
         _Peer(("workers peer huey",), ("huey",), "",
               lambda s: [_huey_case(s.peer_jobs, t) for t in (1, 4)]),
@@ -590,20 +599,17 @@ def cases(s: Sizes, with_peers: bool) -> tuple[list[Case], list[Skipped]]:
         _k7_async_case(s.k7_jobs, 4, "asyncio"),
     ]
     skipped: list[Skipped] = []
-    try:
-        importlib.import_module("trio")
+    if importlib.util.find_spec("trio") is not None:
         out.append(_k7_async_case(s.k7_jobs, 1, "trio"))
-    except ImportError as e:
+    else:
         skipped.append(Skipped("workers k7 AsyncWorker [flush], 1 task (trio)",
-                               f"trio not importable ({e})"))
+                               "trio not installed (pip install trio)"))
     out += [_server_case(s.server_jobs, c, ours=True) for c in (1, 4)]
     for p in _peers():
         missing = "--no-peers" if not with_peers else ""
         for module in p.modules if with_peers else ():
-            try:
-                importlib.import_module(module)
-            except ImportError as e:
-                missing = f"{module} not importable ({e}); pip install '.[bench]'"
+            if importlib.util.find_spec(module) is None:  # not imported here: pgqueuer warns
+                missing = f"{module} not installed; pip install '.[bench]'"
                 break
         if not missing and p.binary and shutil.which(p.binary) is None:
             missing = (f"{p.binary} not on the PATH (apt-get install "

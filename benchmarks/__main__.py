@@ -16,7 +16,9 @@ bridges), ``_peers``, ``_jobs`` (issue 14: the job store against litequeue, pers
 huey and beanstalkd, 100-byte bodies; every name starts with ``jobs``, so ``--only jobs``),
 ``_outbox`` (issue 16: outbox relay throughput and lag, SQLite and PostgreSQL, against
 pgqueuer's enqueue; ``--only outbox``), ``_server`` (our beanstalkd server against
-beanstalkd 1.12, the same client processes for both; ``--only server``).
+beanstalkd 1.12, the same client processes for both; ``--only server``), ``_workers``
+(issue 16: worker throughput with an empty consumer, k7's workers against huey, pgqueuer,
+arq and RQ; ``--only workers``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import traceback
 from datetime import date
 from pathlib import Path
 
-from . import _async, _jobs, _k7, _outbox, _peers, _scenarios, _server
+from . import _async, _jobs, _k7, _outbox, _peers, _scenarios, _server, _workers
 from ._harness import (
     Case,
     Record,
@@ -75,6 +77,10 @@ def build_cases(quick: bool, peers: bool) -> tuple[list[Case], list[Skipped]]:
     outbox_cases, outbox_skipped = _outbox.cases(_outbox.QUICK if quick else _outbox.FULL, peers)
     cases += outbox_cases
     skipped += outbox_skipped
+    worker_cases, worker_skipped = _workers.cases(_workers.QUICK if quick else _workers.FULL,
+                                                  peers)
+    cases += worker_cases
+    skipped += worker_skipped
     if peers:
         peer_cases, peer_skipped = _peers.cases(*((1_000, 100) if quick else (5_000, 500)))
         cases += peer_cases

@@ -285,6 +285,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a child process and reap it (SIGKILL after 10 s)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class BeanstalkdServer:
     """``beanstalkd -l 127.0.0.1 -p PORT -b DIR [flags]`` as a child process, on a free port
     (the port is chosen first, so a lost race means another try); stopped by ``close``."""
@@ -321,13 +332,7 @@ class BeanstalkdServer:
         raise RuntimeError("no VmRSS")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)
 
 
 class Beanstalkd(JobQueue[int]):

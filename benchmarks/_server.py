@@ -170,11 +170,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def put_pipelined(client: BeanstalkClient, n: int, window: int = 256) -> None:
-    """``n`` puts on one connection, ``window`` at a time (the prefill)."""
+def put_pipelined(client: BeanstalkClient, n: int, window: int = 256, put: bytes = PUT
+                  ) -> None:
+    """``n`` puts (the command ``put``) on one connection, ``window`` at a time (the
+    prefill)."""
     while n > 0:
         k = min(n, window)
-        client.sock.sendall(PUT * k)
+        client.sock.sendall(put * k)
         for _ in range(k):
             line = client.rfile.readline(256)
             if not line.startswith(b"INSERTED "):

@@ -1,8 +1,9 @@
-"""Issue 4's and issue 14's targets and the beanstalkd server's, checked against the records
-of one run: ``python -m benchmarks.targets FILE.json`` prints a Markdown table (target,
-measured, met or missed), then a second one: the job store's ratio to each job-queue peer of
-the same run (issue 14 asks for the ratios; they have no floor), then a third: our server
-against beanstalkd 1.12, load by load (``_server``).
+"""Issue 4's, issue 14's and issue 16's targets and the beanstalkd server's, checked against
+the records of one run: ``python -m benchmarks.targets FILE.json`` prints a Markdown table
+(target, measured, met or missed), then a second one: the job store's ratio to each job-queue
+peer of the same run (issue 14 asks for the ratios; they have no floor), then a third: our
+server against beanstalkd 1.12, load by load (``_server``), then a fourth: k7's workers
+against each worker peer (``_workers``).
 
 Every figure comes from the JSON that ``python -m benchmarks --json FILE.json`` wrote, so a
 ratio always compares two figures of the same run. A record missing from the file (a
@@ -20,10 +21,12 @@ from typing import Any
 
 from ._jobs import (
     BEANSTALKD_RAM,
+    FSYNC_PER_PUT,
     K7_INPROC,
     K7_PRODUCERS,
     K7_RAM,
     K7_TASKS,
+    OS_BUFFERED,
     PRODUCERS,
     RAM_BEYOND_BODY,
     k7_reopen_name,
@@ -40,6 +43,7 @@ from ._server import (
     put_name,
     take_name,
 )
+from ._workers import BARE_LOOP, K7_ASYNC, K7_WORKER, K7_WORKER_SYNC, server_name
 
 Values = dict[str, float]
 
@@ -176,6 +180,11 @@ TARGETS = [
            _at_least(K7_PRODUCERS, 5e4, "jobs/s")),
     Target("jobs: reopen a store of 1M live jobs ≤ 3 s",
            _at_most(k7_reopen_name(1_000_000), 3, "s")),
+    # Issue 16: the workers, empty consumer, jobs put before.
+    Target("workers: in-process `Worker` (1 thread, flush) ≥ 50,000 empty jobs/s",
+           _at_least(K7_WORKER, 5e4, "jobs/s")),
+    Target("workers: in-process `AsyncWorker` (1 task, asyncio, flush) ≥ 50,000 empty jobs/s",
+           _at_least(K7_ASYNC, 5e4, "jobs/s")),
 ]
 
 
@@ -274,6 +283,44 @@ def job_ratios(records: list[dict[str, Any]]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def worker_ratios(records: list[dict[str, Any]]) -> str:
+    """Each worker peer against k7's worker of the same durability class: in process
+    (``Worker`` flush, 1 thread, or ``Worker`` sync, 4 threads), and, for ``Worker`` over
+    beanstalkd, ``Worker`` over our server with as many connections. Then what a worker
+    costs over the bare reserve + delete loop."""
+    by_name = {str(r["name"]): r for r in records}
+    rows = ["| workers: peer vs k7 | peer (durability) | k7 | k7 / peer |",
+            "|---|---|---|---|"]
+    like = {OS_BUFFERED: K7_WORKER, FSYNC_PER_PUT: K7_WORKER_SYNC}
+    peers = [n for n in by_name if n.startswith("workers peer ")]
+    if not peers:
+        rows.append("| peers | not in this run | | — |")
+    for name in peers:
+        peer = by_name[name]
+        dur = peer["params"].get("durability", "?")
+        ours = [like[dur]] if dur in like else []
+        if " over beanstalkd -b, " in name:
+            ours.append(server_name(True, name.rsplit(", ", 1)[1]))
+        for k7_name in ours:
+            k7 = by_name.get(k7_name)
+            if k7 is None:
+                rows.append(f"| {name[len('workers peer '):]} | {_fmt(peer['value'])} jobs/s "
+                            f"({dur}) | {k7_name}: not in this run | — |")
+                continue
+            rows.append(f"| {name[len('workers peer '):]} vs {k7_name[len('workers k7 '):]} "
+                        f"| {_fmt(peer['value'])} jobs/s ({dur}) "
+                        f"| {_fmt(k7['value'])} jobs/s ({k7['params'].get('durability', '?')}) "
+                        f"| {k7['value'] / peer['value']:,.1f} x |")
+    bare = by_name.get(BARE_LOOP)
+    for name in (K7_WORKER, K7_ASYNC):
+        k7 = by_name.get(name)
+        if bare is not None and k7 is not None:
+            rows.append(f"| {name[len('workers k7 '):]} vs the bare reserve + delete loop "
+                        f"| {_fmt(bare['value'])} jobs/s (baseline) | {_fmt(k7['value'])} "
+                        f"jobs/s | {k7['value'] / bare['value']:.2f} x |")
+    return "\n".join(rows) + "\n"
+
+
 def table(records: list[dict[str, object]]) -> str:
     values: Values = {str(r["name"]): float(r["value"]) for r in records}  # type: ignore[arg-type]
     rows = ["| target | measured (medians of this run) | |", "|---|---|---|"]
@@ -297,6 +344,8 @@ def main() -> None:
     print(job_ratios(records), end="")
     print()
     print(server_ratios(records), end="")
+    print()
+    print(worker_ratios(records), end="")
 
 
 if __name__ == "__main__":

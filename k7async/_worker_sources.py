@@ -74,20 +74,26 @@ class _StoreSession:
 
     async def reserve(self, tubes: tuple[str, ...], timeout: float | None
                       ) -> JobView | None:
+        job = self._owner.reserve(tubes, 0)
+        if job is not None:  # a ready job: no clock, no wait
+            return view(job)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         while True:
-            job = self._owner.reserve(tubes, timeout=0)
-            if job is not None:
-                return view(job)
             woken = self._source.woken  # taken before any await: no wake-up is missed
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
             with anyio.move_on_after(left):
                 await woken.wait()
+            job = self._owner.reserve(tubes, 0)
+            if job is not None:
+                return view(job)
 
     async def delete(self, job: JobView) -> None:
-        await self._source.call(lambda: self._owner.delete(job.id))
+        if self._source.inline:  # flush or async: microseconds, here
+            self._owner.delete(job.id)
+        else:
+            await self._source.call(lambda: self._owner.delete(job.id))
 
     async def release(self, job: JobView, delay: float, error: str | None) -> int:
         await self._source.call(lambda: self._owner.release(job.id, delay=delay, error=error))
@@ -115,6 +121,8 @@ class AsyncStoreSource:
         self._astore = store
         self._store: JobStore = store.store
         self._sync = self._store.fsync is Fsync.SYNC
+        self.inline = not self._sync
+        """The store's calls run in the event loop (not ``"sync"``): see :meth:`call`."""
         self._token = anyio.lowlevel.current_token()
         self.woken = anyio.Event()
         """Set (and replaced) whenever jobs may have become ready."""

@@ -31,12 +31,20 @@ from k7core.workers import (
     Options,
     OptionsDict,
 )
-from k7core.workers._core import HEALTH_LIMIT, Consumer, Core, Handled, Run, make_options
+from k7core.workers._core import (
+    DELETE,
+    HEALTH_LIMIT,
+    Consumer,
+    Core,
+    Handled,
+    Run,
+    make_options,
+)
 from k7core.workers._monitor import Monitor
 from k7core.workers._policy import Action, Defer, Delete, Retry
 from k7core.workers._source import Deps
 
-from ._bridge import Pace
+from ._bridge import SCHEDULE_EVERY
 from ._jobs import AsyncJobStore
 from ._worker_sources import (
     AsyncBeanstalkSource,
@@ -211,24 +219,32 @@ class AsyncWorker:
 
     async def _slot(self, consumer: Consumer[AsyncConsumer]) -> None:
         tubes = (consumer.tube,)
-        pace = Pace()
+        checkpoint = anyio.lowlevel.checkpoint
+        left = SCHEDULE_EVERY  # jobs until the next schedule point (and cancel point)
         me = anyio.get_current_task()
+        handle = self._handle
         try:
             while not self._stopping:
                 session = self._src.session()
+                where = (me, session)  # for the watch: the task's stack, and touches
+                reserve = session.reserve
                 try:
                     while not self._stopping:
-                        job = await session.reserve(tubes, 0)
+                        job = await reserve(tubes, 0)
                         if job is None:  # wait, in a scope stop() cancels
+                            left = SCHEDULE_EVERY  # waiting was a schedule point
                             with anyio.CancelScope() as scope:
                                 self._waiting.add(scope)
                                 try:
-                                    job = await session.reserve(tubes, None)
+                                    job = await reserve(tubes, None)
                                 finally:
                                     self._waiting.discard(scope)
                         if job is not None:
-                            await self._handle(session, job, task=me)
-                            await pace.checkpoint()
+                            await handle(session, job, where=where)
+                            left -= 1
+                            if not left:  # a store call in flush mode never suspends
+                                left = SCHEDULE_EVERY
+                                await checkpoint()
                 except Exception:
                     log.exception("worker of tube %r: the job source failed; again in 1 s",
                                   consumer.tube)
@@ -242,23 +258,36 @@ class AsyncWorker:
                 self._idle.set()
 
     async def _handle(self, session: AsyncSession, job: JobView, *, gated: bool = True,
-                      forced: bool = False, task: anyio.TaskInfo | None = None) -> Handled:
+                      forced: bool = False, where: object = None) -> Handled:
+        """:meth:`k7core.workers.Worker._handle`; ``where``: ``(task, session)``."""
         core = self._core
         step = core.start(job, gated=gated and not forced)
         if not isinstance(step, Run):
             core.done(job, step, await apply(session, job, step), None)
             return step, None, None, None
-        fn = core.consumers[job.tube].fn
-        with core.context(step):
-            handle = core.begin(job, (task or anyio.get_current_task(), session))
-            result, error = None, None
-            try:
-                result = await fn(step.payload)
-            except Exception as exc:
-                error = exc
-            finally:
-                took = core.end(handle)
-            action = core.finish(job, error, bury=forced)
+        if where is None:
+            where = (anyio.get_current_task(), session)
+        if step.context:
+            with core.context(step):
+                return await self._run(session, job, step, forced, where)
+        return await self._run(session, job, step, forced, where)
+
+    async def _run(self, session: AsyncSession, job: JobView, step: Run, forced: bool,
+                   where: object) -> Handled:
+        core = self._core
+        handle = core.begin(job, where)
+        result, error = None, None
+        try:
+            result = await core.consumers[job.tube].fn(step.payload)
+        except Exception as exc:
+            error = exc
+        finally:
+            took = core.end(handle)
+        action = core.finish(job, error, bury=forced)
+        if action is DELETE:
+            await session.delete(job)
+            core.done(job, action, job.id, took)
+        else:
             core.done(job, action, await apply(session, job, action), took)
         return action, step, result, error
 

@@ -60,10 +60,18 @@ def _msgpack() -> Codec:
 
 
 _json_decoder = json.JSONDecoder()
+_json_scan: Callable[[str, int], tuple[Any, int]] = _json_decoder.scan_once  # type: ignore[attr-defined]
 
 
 def _json_decode(data: bytes) -> Any:
-    return _json_decoder.decode(data.decode())
+    text = data.decode()
+    try:  # a value that fills the text: the scanner alone (decode() adds two regex matches)
+        value, end = _json_scan(text, 0)
+    except StopIteration:
+        end = -1
+    if end != len(text):  # whitespace around it, or not JSON: decode() says which
+        return _json_decoder.decode(text)
+    return value
 
 
 JSON = Codec("json", _json_encode, _json_decode)

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
+from typing import Any, Generic, NamedTuple, TypedDict, TypeVar, cast
 
 from .._errors import K7Error
-from ._codec import Codec, PayloadError, codec, encode_body, unpack
+from ._codec import MAGIC, Codec, PayloadError, codec, encode_body, unpack
 from ._monitor import Monitor
 from ._policy import (
     Action,
@@ -41,6 +41,7 @@ HEALTH_LIMIT = 100
 """Buried jobs per tube a health check looks at (the oldest buried)."""
 _NO_CONTEXT: dict[ContextVar[Any], Any] = {}
 _NOTHING = nullcontext()
+DELETE = Delete()
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -97,6 +98,10 @@ class Run(NamedTuple):
     context: dict[ContextVar[Any], Any]
 
 
+_new_run = cast(Callable[[type[Run], tuple[Any, Any]], Run], tuple.__new__)
+"""``tuple.__new__``: a Run without the NamedTuple's Python-level ``__new__`` (per job)."""
+
+
 Handled = tuple[Action, "Run | None", Any, "BaseException | None"]
 """What a face did with a job: the action, the run (None: it did not run), the consumer's
 result and its exception."""
@@ -113,7 +118,7 @@ class FailedJob(NamedTuple):
     created_at: float
 
 
-@dataclass
+@dataclass(slots=True)
 class Running:
     """A job a consumer is running, for touches and the slow-job watch."""
 
@@ -188,13 +193,19 @@ class Core(Generic[F]):
                 if wait > 0:
                     self.monitor.deferred(job.tube)
                     return Defer(wait)
+        body = job.body
+        context = _NO_CONTEXT
         try:
-            envelope = unpack(job.body)
-            payload = o.codec.decode(envelope.payload)
+            if body.startswith(MAGIC):  # an envelope: context (or errors) with the payload
+                envelope = unpack(body)
+                payload = o.codec.decode(envelope.payload)
+                if envelope.context:
+                    context = {var: envelope.context[var.name] for var in o.context
+                               if var.name in envelope.context}
+            else:  # the body is the payload (most jobs)
+                payload = o.codec.decode(body)
         except Exception as exc:
             return self._invalid(job, exc)
-        context = {var: envelope.context[var.name] for var in o.context
-                   if var.name in envelope.context} if envelope.context else _NO_CONTEXT
         if o.valid_payload is not None:
             try:
                 valid = o.valid_payload(payload)
@@ -202,7 +213,7 @@ class Core(Generic[F]):
                 return self._invalid(job, exc)
             if not valid:
                 return self._invalid(job, PayloadError("valid_payload rejected the payload"))
-        return Run(payload, context)
+        return _new_run(Run, (payload, context))
 
     def _invalid(self, job: JobView, exc: BaseException) -> Bury:
         text = error_text(failures(job.errors) + 1, exc)
@@ -229,8 +240,10 @@ class Core(Generic[F]):
         for :meth:`end`."""
         now = self.clock()
         handle = next(self._keys)
+        consumer = self.consumers.get(job.tube)
         # one dict item set or popped: atomic, no lock (due() copies the values at once)
-        self.running[handle] = Running(job, self.options(job.tube), now, now, where)
+        self.running[handle] = Running(job, self.defaults if consumer is None
+                                       else consumer.options, now, now, where)
         return handle
 
     def end(self, handle: int) -> float:
@@ -241,9 +254,11 @@ class Core(Generic[F]):
                ) -> Delete | Retry | Bury:
         """What to do after the consumer returned (``exc`` None) or raised ``exc``
         (``bury``: a failure buries the job whatever its retries)."""
+        if exc is None:
+            return DELETE
         o = self.options(job.tube)
-        if exc is None or isinstance(exc, o.already_done):
-            return Delete()
+        if isinstance(exc, o.already_done):
+            return DELETE
         action = after_failure(o, job.errors, exc, self.rand())
         if bury:
             action = Bury(action.error)
@@ -261,11 +276,14 @@ class Core(Generic[F]):
     def done(self, job: JobView, action: Action, new_id: int, took: float | None) -> None:
         """Count what was done with ``job`` (now ``new_id``); ``took`` is how long its
         consumer ran (None: it did not run)."""
+        if isinstance(action, Delete):  # the common case: a short lock
+            now = self.clock()
+            with self._lock:
+                self.monitor.done(job.tube, job.id, bool(job.errors), took or 0.0, now)
+            return
         with self._lock:
             m = self.monitor
-            if isinstance(action, Delete):
-                m.done(job.tube, job.id, bool(job.errors), took or 0.0, self.clock())
-            elif isinstance(action, Defer):
+            if isinstance(action, Defer):
                 m.moved(job.tube, job.id, new_id)
             else:
                 if took is not None:

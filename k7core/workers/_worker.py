@@ -208,15 +208,18 @@ class Worker(Resource):
     def _slot(self, consumer: Consumer[SyncConsumer]) -> None:
         me = threading.get_ident()
         tubes = (consumer.tube,)
-        while not self._stopping.is_set():
+        stopping, poll, handle = self._stopping.is_set, self._poll, self._handle
+        while not stopping():
             session = self._source.session()
+            where = (me, session)  # for the watch: the thread's stack, and touches
             with self._lock:
                 self._sessions[me] = session
             try:
-                while not self._stopping.is_set():
-                    job = session.reserve(tubes, self._poll)
+                reserve = session.reserve
+                while not stopping():
+                    job = reserve(tubes, poll)
                     if job is not None:
-                        self._handle(session, job)
+                        handle(session, job, where=where)
             except ClosedError:
                 if self._stopping.is_set():
                     return
@@ -232,27 +235,35 @@ class Worker(Resource):
                 session.close()
 
     def _handle(self, session: Session, job: JobView, *, gated: bool = True,
-                forced: bool = False
-                ) -> Handled:
+                forced: bool = False, where: object = None) -> Handled:
         """Run one reserved job through the policy; returns what was done, the run, the
         consumer's result and its exception. ``forced``: run whatever the gate, and bury
-        it again if it fails."""
+        it again if it fails. ``where``: ``(thread id, session)`` (default: this thread's)."""
         core = self._core
         step = core.start(job, gated=gated and not forced)
         if not isinstance(step, Run):
             core.done(job, step, apply(session, job, step), None)
             return step, None, None, None
-        fn = core.consumers[job.tube].fn
-        with core.context(step):
-            handle = core.begin(job, (threading.get_ident(), session))
-            result, error = None, None
-            try:
-                result = fn(step.payload)
-            except Exception as exc:
-                error = exc
-            took = core.end(handle)
-            action = core.finish(job, error, bury=forced)
-            core.done(job, action, apply(session, job, action), took)
+        if where is None:
+            where = (threading.get_ident(), session)
+        if step.context:
+            with core.context(step):
+                return self._run(session, job, step, forced, where)
+        return self._run(session, job, step, forced, where)
+
+    def _run(self, session: Session, job: JobView, step: Run, forced: bool, where: object
+             ) -> Handled:
+        """The consumer on a decoded job, and what follows (the job's context is set)."""
+        core = self._core
+        handle = core.begin(job, where)
+        result, error = None, None
+        try:
+            result = core.consumers[job.tube].fn(step.payload)
+        except Exception as exc:
+            error = exc
+        took = core.end(handle)
+        action = core.finish(job, error, bury=forced)
+        core.done(job, action, apply(session, job, action), took)
         return action, step, result, error
 
     def _watch(self) -> None:

@@ -69,6 +69,9 @@ def test_quick_every_case_runs(tmp_path: Path) -> None:
     expected_cases += ["server k7 flush put,", "server k7 sync put pipelined",
                        "server k7 flush reserve+delete", "server k7 sync put latency",
                        "server k7 sync put, 8 connections"]
+    expected_cases += ["workers k7 Worker [flush], 1 thread", "workers k7 Worker [sync]",
+                       "workers k7 AsyncWorker [flush], 1 task (asyncio)",
+                       "workers k7 Worker over k7 server", "workers baseline"]
     for expected in expected_cases:
         assert any(expected in c for c in cases), expected
     out = tmp_path / "bench.json"
@@ -83,11 +86,11 @@ def test_quick_every_case_runs(tmp_path: Path) -> None:
     # The targets table reads this run's records: all there but the peer ratios (no peers)
     # and three full-run cases (trio's awaited enqueue, the 4 GiB RSS flow, reopening 1M
     # jobs), and the job store's while it is not built; the server's compare with beanstalkd
-    # (a peer) at the full run's sizes. Then the job-store and the server ratio tables.
+    # (a peer) at the full run's sizes. Then the job-store, server and worker ratio tables.
     proc = subprocess.run([sys.executable, "-m", "benchmarks.targets", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    targets_text, ratios_text, server_text = proc.stdout.split("\n\n")
+    targets_text, ratios_text, server_text, workers_text = proc.stdout.split("\n\n")
     rows = [ln for ln in targets_text.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
     from benchmarks.targets import TARGETS
 
@@ -97,3 +100,5 @@ def test_quick_every_case_runs(tmp_path: Path) -> None:
     assert missing and all(any(f in r for f in full_only) for r in missing), missing
     assert ratios_text.startswith("| job store vs peer |"), ratios_text
     assert server_text.startswith("| load | ours | beanstalkd |"), server_text
+    assert workers_text.startswith("| workers: peer vs k7 |"), workers_text
+    assert "vs the bare reserve + delete loop" in workers_text, workers_text

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from .._errors import InvalidNameError
 from ..jobs._errors import InvalidJobError
+from ..jobs._machine import check_key, check_tube
 
 DEFAULT_TABLE = "k7_outbox"
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,50}")
@@ -72,7 +73,7 @@ def deps_text(depends_on: Iterable[int | tuple[str, str]]) -> str | None:
             deps.append(d)
         elif (isinstance(d, tuple) and len(d) == 2
               and all(isinstance(x, str) for x in d)):
-            deps.append([d[0], d[1]])
+            deps.append([check_tube(d[0]), check_key(d[1])])  # as the relay's put will
         else:
             raise InvalidJobError(f"depends_on takes job ids and (tube, key) pairs, not {d!r:.80}",
                                   hint="use ints and (str, str) tuples")

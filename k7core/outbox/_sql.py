@@ -46,9 +46,10 @@ class Row(NamedTuple):
 
 
 def row(values: tuple[Any, ...]) -> Row:
-    """A fetched row (PostgreSQL gives memoryviews for bytea with some loaders)."""
+    """A fetched row (PostgreSQL gives memoryviews for bytea with some loaders; a body that
+    is not bytes-like, as SQLite may hold, is left to the store to refuse)."""
     r = Row(*values)
-    return r if isinstance(r.body, bytes) else r._replace(body=bytes(r.body))
+    return r._replace(body=bytes(r.body)) if isinstance(r.body, memoryview | bytearray) else r
 
 
 def check_table(name: str) -> str:
@@ -139,6 +140,7 @@ class Postgres:
         self.delete = (f"WITH d AS (DELETE FROM {t} WHERE id = ANY(%s) RETURNING tube, "
                        f"coalesce(key, %s || id::text) AS key) "
                        f"INSERT INTO {t}_done (tube, key) SELECT tube, key FROM d")
+        self.drop = f"DELETE FROM {t} WHERE id = ANY(%s)"
         self.done = f"SELECT DISTINCT tube, key FROM {t}_done"
         self.undone = f"DELETE FROM {t}_done WHERE tube = %s AND key = ANY(%s)"
         self.listen = f"LISTEN {t}"

@@ -93,7 +93,9 @@ class SqliteRelay(Relay):
                         else:
                             self.relayed += 1
                 upto = store.mark(name) or 0
-            if upto > self._deleted_upto:  # stored (under "sync": durable): drop the rows
+            # stored (under "sync": durable): drop the rows. Not before a first row was
+            # stored: a delete waits behind the application's open write transactions.
+            if upto > max(self._deleted_upto, 0):
                 conn.execute(sql.delete_upto, (upto,))
                 self._deleted_upto = upto
             return len(rows)

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from k7core.jobs import JobStore
+from tests.k7core.outbox._outboxhelp import App, connect
 
 _databases = itertools.count(1)
 
@@ -55,6 +56,18 @@ def dsn(pg_server: Any) -> Iterator[str]:
 def db_path(tmp_path: Path) -> Path:
     """A SQLite database file (not yet created)."""
     return tmp_path / "app.db"
+
+
+@pytest.fixture(params=["sqlite", "pg"])
+def app(request: pytest.FixtureRequest, db_path: Path) -> Iterator[App]:
+    """The application's connection, to a SQLite file and to this test's PostgreSQL
+    database (the test runs once with each)."""
+    dsn = request.getfixturevalue("dsn") if request.param == "pg" else ""
+    a = connect(request.param, db_path, dsn)
+    try:
+        yield a
+    finally:
+        a.close()
 
 
 @pytest.fixture

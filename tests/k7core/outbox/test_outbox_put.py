@@ -9,7 +9,7 @@ import json
 import math
 import sqlite3
 import time
-from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +35,6 @@ request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
 tenant: contextvars.ContextVar[object] = contextvars.ContextVar("tenant")
 
 
-@pytest.fixture(params=["sqlite", "pg"])
-def app(request: pytest.FixtureRequest, db_path: Path) -> Iterator[App]:
-    dsn = request.getfixturevalue("dsn") if request.param == "pg" else ""
-    a = connect(request.param, db_path, dsn)
-    try:
-        yield a
-    finally:
-        a.close()
-
-
 # --- commit and rollback ----------------------------------------------------------------
 
 
@@ -62,7 +52,7 @@ def test_a_committed_put_relays_and_a_rolled_back_one_does_not(app: App, store: 
     app.rollback()
     third = box.put(app.conn, TUBE, {"order": "o-3"}, priority=5)
     app.commit()
-    with app.relay(store) as relay:
+    with closing(app.relay(store)) as relay:
         assert relay_all(relay) == 2
         assert (relay.relayed, relay.skipped) == (2, 0)
     assert payloads(store) == [{"order": "o-3"}, {"order": "o-1"}]  # by priority
@@ -79,7 +69,7 @@ def test_a_rollback_to_a_savepoint_relays_nothing_of_it(app: App, store: JobStor
     app.execute("ROLLBACK TO SAVEPOINT s")
     box.put(app.conn, TUBE, "after")
     app.commit()
-    with app.relay(store) as relay:
+    with closing(app.relay(store)) as relay:
         relay_all(relay)
     assert payloads(store) == ["before", "after"]
 
@@ -97,7 +87,7 @@ def test_psycopg_nested_transaction_blocks(dsn: str, store: JobStore) -> None:
         with pytest.raises(ZeroDivisionError), conn.transaction():
             box.put(conn, TUBE, "whole")
             1 / 0  # noqa: B018
-    with PostgresRelay(dsn, store) as relay:
+    with closing(PostgresRelay(dsn, store)) as relay:
         relay_all(relay)
     assert payloads(store) == ["autocommitted", "outer"]
 
@@ -119,7 +109,7 @@ def test_sqlite_autocommit_and_explicit_begin(db_path: Path, store: JobStore) ->
             assert other.execute("SELECT count(*) FROM k7_outbox").fetchone() == (2,)
     finally:
         conn.close()
-    with SqliteRelay(db_path, store) as relay:
+    with closing(SqliteRelay(db_path, store)) as relay:
         relay_all(relay)
     assert payloads(store) == ["autocommitted", "committed"]
 
@@ -141,7 +131,7 @@ def test_create_is_idempotent_and_keeps_the_outbox_name(app: App, store: JobStor
     assert name_rows(app) == before and len(before) == 1
     assert before[0][0].startswith("outbox-") and len(before[0][0]) == len("outbox-") + 16
     assert app.count() == 1, "create again keeps the rows"
-    with app.relay(store) as relay:
+    with closing(app.relay(store)) as relay:
         relay_all(relay)
     assert payloads(store) == [1]
 
@@ -251,7 +241,7 @@ def test_bad_input_is_refused_at_the_put_and_writes_nothing(app: App, store: Job
     assert isinstance(info.value, K7Error), info.value
     app.commit()
     assert app.count() == 0
-    with app.relay(store) as relay:
+    with closing(app.relay(store)) as relay:
         assert relay_all(relay) == 0
 
 
@@ -287,7 +277,7 @@ def test_context_and_codec_reach_the_worker(app: App, store: JobStore) -> None:
     ctx.run(box.put, app.conn, TUBE, {"blob": b"\x00\xff"})  # bytes: msgpack, not JSON
     box.put(app.conn, TUBE, {"blob": b""})  # no context set here
     app.commit()
-    with app.relay(store) as relay:
+    with closing(app.relay(store)) as relay:
         relay_all(relay)
     seen: list[tuple[Any, str | None]] = []
     with Worker(store, codec="msgpack", context=[request_id, tenant]) as w:
@@ -308,7 +298,7 @@ def test_keys_dedupe_and_are_free_again_once_the_job_is_done(app: App, store: Jo
     box.put(app.conn, TUBE, "same key, later transaction", key="k")
     app.commit()
     relay = app.relay(store)
-    with relay:
+    with closing(relay):
         relay_all(relay)
         assert store.remembered(TUBE) == []
         assert payloads(store) == ["first"]
@@ -329,7 +319,7 @@ def test_depends_on_ids_and_keys(app: App, store: JobStore) -> None:
     box.put(app.conn, TUBE, "c", key="c", depends_on=[finished, ("d", "fin"),
                                                        ("nosuchtube", "x")])
     app.commit()
-    with app.relay(store) as relay:
+    with closing(app.relay(store)) as relay:
         assert relay_all(relay) == 3
     b, c, a = (store.peek(store.find(TUBE, k) or 0) for k in "bca")
     assert a is not None and b is not None and c is not None
@@ -350,7 +340,7 @@ def test_delay_counts_from_the_put(app: App, store: JobStore) -> None:
     app.execute(f"UPDATE {app.table} SET created_at = created_at - 3600")  # an hour old
     app.commit()
     start = time.time()
-    with app.relay(store) as relay:
+    with closing(app.relay(store)) as relay:
         relay_all(relay)
     assert payloads(store) == ["waited 2 hours of 1", "now"]
     job = store.peek_delayed(TUBE)
@@ -384,7 +374,7 @@ async def test_async_connection(dsn: str, tmp_path: Path, anyio_backend: str) ->
         await conn.commit()
         cur = await conn.execute("SELECT count(*) FROM k7_outbox")
         assert await cur.fetchone() == (2,) and first > 0
-    with JobStore(tmp_path / "jobs") as store, PostgresRelay(dsn, store) as relay:
+    with JobStore(tmp_path / "jobs") as store, closing(PostgresRelay(dsn, store)) as relay:
         assert relay_all(relay) == 2
         seen: list[tuple[Any, str | None]] = []
         with Worker(store, context=[request_id]) as w:

@@ -49,15 +49,21 @@ class Outbox:
         several processes at once). In a transaction of the caller's, it becomes part of it
         (a savepoint); otherwise it commits."""
         if isinstance(conn, sqlite3.Connection):
-            conn.execute("SAVEPOINT k7_outbox_create")
+            # Outside a transaction, take the write lock first: a SAVEPOINT begins a
+            # deferred transaction that reads the schema, and SQLite fails its upgrade to
+            # writing at once ("database is locked", no busy wait) while another process
+            # creates the outbox too.
+            ours = not conn.in_transaction
+            conn.execute("BEGIN IMMEDIATE" if ours else "SAVEPOINT k7_outbox_create")
             try:
                 for statement in self._sqlite.create:
                     conn.execute(statement)
             except BaseException:
-                conn.execute("ROLLBACK TO k7_outbox_create")
-                conn.execute("RELEASE k7_outbox_create")
+                conn.execute("ROLLBACK" if ours else "ROLLBACK TO k7_outbox_create")
+                if not ours:
+                    conn.execute("RELEASE k7_outbox_create")
                 raise
-            conn.execute("RELEASE k7_outbox_create")
+            conn.execute("COMMIT" if ours else "RELEASE k7_outbox_create")
             return
         with conn.transaction():
             for statement in self._postgres.create:

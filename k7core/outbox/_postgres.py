@@ -102,16 +102,22 @@ class PostgresRelay(Relay):
                     return 0
                 prefix, now = self._prefix, self._now()
                 keys: dict[str, list[str]] = defaultdict(list)
+                put: list[int] = []
+                skipped: list[int] = []
                 with store.batch():
                     for r in rows:
                         key = r.key if r.key is not None else f"{prefix}{r.id}"
                         if put_row(store, r, key=key, mark=None, remember=True,
                                    now=now) is None:
                             self.skipped += 1
+                            skipped.append(r.id)
                         else:
                             self.relayed += 1
-                        keys[r.tube].append(key)
-                conn.execute(sql.delete, ([r.id for r in rows], prefix))
+                            keys[r.tube].append(key)
+                            put.append(r.id)
+                conn.execute(sql.delete, (put, prefix))
+                if skipped:  # nothing remembered (a bad tube or key would fail forget)
+                    conn.execute(sql.drop, (skipped,))
             for tube, tube_keys in keys.items():  # committed: the rows are gone for good
                 store.forget(tube, tube_keys)
             self._forgotten = dict(keys)

@@ -28,8 +28,12 @@ def put_row(store: JobStore, row: Row, *, key: str | None, mark: tuple[str, int]
 
     A dependency that is no longer live counts as done (the store keeps no record of
     finished jobs); the row's delay counts from when it was put."""
-    deps = deps_of(row.depends_on)
-    delay = max(0.0, row.created_at + row.delay - now) if row.delay else 0.0
+    try:  # a row written by other SQL than Outbox.put may hold anything
+        deps = deps_of(row.depends_on)
+        delay = max(0.0, row.created_at + row.delay - now) if row.delay else 0.0
+    except (ValueError, TypeError, LookupError) as exc:
+        _skipped(row, exc)
+        return None
     for _ in range(3):
         try:
             return store.put(row.body, tube=row.tube, priority=row.priority, delay=delay,
@@ -39,11 +43,15 @@ def put_row(store: JobStore, row: Row, *, key: str | None, mark: tuple[str, int]
             deps = [d for d in deps if (store.peek(d) if isinstance(d, int)
                                         else store.find(*d)) is not None]
         except InvalidJobError as exc:
-            log.error("outbox row %d (tube %r) cannot be a job and is skipped: %s",
-                      row.id, row.tube, exc)
+            _skipped(row, exc)
             return None
     return store.put(row.body, tube=row.tube, priority=row.priority, delay=delay,
                      ttr=row.ttr, key=key, mark=mark, remember=remember)
+
+
+def _skipped(row: Row, exc: Exception) -> None:
+    log.error("outbox row %d (tube %r) cannot be a job and is skipped: %s", row.id, row.tube,
+              exc)
 
 
 class Relay(Resource):
@@ -114,6 +122,8 @@ class Relay(Resource):
                 self._arm()
                 n = self.relay_once()
                 pause = 0.0
+                if n < self.batch:  # inside: a listener connection may fail too
+                    self._wait(stop, 1.0)
             except Exception as exc:
                 if self.store.closed or self._closed:
                     break
@@ -124,9 +134,6 @@ class Relay(Resource):
                 with self._lock:
                     self._disconnect()
                 stop.wait(pause)
-                continue
-            if n < self.batch:
-                self._wait(stop, 1.0)
 
     def close(self) -> None:
         """Stop the thread (it finishes the batch it is on) and close the connections."""

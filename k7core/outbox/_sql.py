@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from .._errors import InvalidNameError
 from ..jobs._errors import InvalidJobError
+from ..jobs._machine import check_key, check_tube
 
 DEFAULT_TABLE = "k7_outbox"
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,50}")
@@ -45,9 +46,10 @@ class Row(NamedTuple):
 
 
 def row(values: tuple[Any, ...]) -> Row:
-    """A fetched row (PostgreSQL gives memoryviews for bytea with some loaders)."""
+    """A fetched row (PostgreSQL gives memoryviews for bytea with some loaders; a body that
+    is not bytes-like, as SQLite may hold, is left to the store to refuse)."""
     r = Row(*values)
-    return r if isinstance(r.body, bytes) else r._replace(body=bytes(r.body))
+    return r._replace(body=bytes(r.body)) if isinstance(r.body, memoryview | bytearray) else r
 
 
 def check_table(name: str) -> str:
@@ -72,7 +74,7 @@ def deps_text(depends_on: Iterable[int | tuple[str, str]]) -> str | None:
             deps.append(d)
         elif (isinstance(d, tuple) and len(d) == 2
               and all(isinstance(x, str) for x in d)):
-            deps.append([d[0], d[1]])
+            deps.append([check_tube(d[0]), check_key(d[1])])  # as the relay's put will
         else:
             raise InvalidJobError(f"depends_on takes job ids and (tube, key) pairs, not {d!r:.80}",
                                   hint="use ints and (str, str) tuples")
@@ -138,6 +140,7 @@ class Postgres:
         self.delete = (f"WITH d AS (DELETE FROM {t} WHERE id = ANY(%s) RETURNING tube, "
                        f"coalesce(key, %s || id::text) AS key) "
                        f"INSERT INTO {t}_done (tube, key) SELECT tube, key FROM d")
+        self.drop = f"DELETE FROM {t} WHERE id = ANY(%s)"
         self.done = f"SELECT DISTINCT tube, key FROM {t}_done"
         self.undone = f"DELETE FROM {t}_done WHERE tube = %s AND key = ANY(%s)"
         self.listen = f"LISTEN {t}"

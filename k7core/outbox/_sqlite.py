@@ -97,9 +97,10 @@ class SqliteRelay(Relay):
                             self.relayed += 1
                 upto = store.mark(name) or 0
             # Stored (under "sync": durable): drop the rows, a batch at a time or when idle,
-            # as each delete is a write transaction that the app's writers wait for.
-            if upto > self._deleted_upto and (not rows or upto - self._deleted_upto
-                                              >= self.batch):
+            # as each delete is a write transaction that the app's writers wait for; not
+            # before a first row was stored.
+            if upto > max(self._deleted_upto, 0) and (
+                    not rows or upto - self._deleted_upto >= self.batch):
                 try:
                     conn.execute(sql.delete_upto, (upto,))
                     self._deleted_upto = upto

@@ -35,8 +35,8 @@ reason; ``--no-peers`` skips them all):
   ``mode=drain`` would add its seconds-long shutdown to the time);
 - arq on a local ``redis-server`` (a child process on a free port, ``appendonly yes``,
   ``appendfsync everysec``): ``Worker(burst=True)`` with ``max_jobs=10`` (its default) and
-  ``poll_delay=0`` (the default 0.5 s poll sleeps after every batch of at most ``max_jobs``
-  starts, which would cap it near 20 jobs/s: not what it can do);
+  ``poll_delay=0`` (by default it sleeps 0.5 s after every poll of the queue, and a poll
+  starts about ``max_jobs`` jobs: that would time the sleeps, not arq);
 - RQ on the same redis: ``SimpleWorker.work(burst=True)`` (runs each job in the worker's
   own process; ``rq worker``'s default forks a child per job, far slower).
 

@@ -27,7 +27,7 @@ from k7core.spark import K7DataLossError, K7OptionError
 
 PACKAGES = ("k7core", "k7async")
 ALL_PUBLIC = ["k7core", "k7core.jobs", "k7core.jobs.metrics", "k7core.spark",
-              "k7core.workers", "k7core.workers.metrics",
+              "k7core.workers", "k7core.workers.metrics", "k7core.outbox",
               "k7core.metrics", "k7core.beanstalk", "k7core.beanstalk.protocol",
               "k7core.beanstalk.calls", "k7async", "k7async.beanstalk", "k7async.server",
               "k7async.server.metrics"]

@@ -4,18 +4,29 @@
 or PostgreSQL DSN ``WHERE`` (KIND ``sqlite`` or ``pg``), begins a transaction, prints
 ``ready``, waits for a line on stdin, then creates the outbox and puts a row in that
 transaction, commits and prints ``created`` (or the error's text).
+
+``python -m tests.k7core.outbox._outboxchild relay KIND WHERE STORE BATCH RELAYS KILL``: runs
+RELAYS relay threads (``with relay:``, batches of BATCH rows) of that outbox into a job store
+in directory STORE (``fsync="flush"``), printing ``ready`` and then ``P <job id>`` after
+each put returned, until killed. KILL ``none``, or ``<call>-<when>:<n>`` with call ``put``,
+``forget`` or ``mark`` and when ``before`` or ``after``: the store SIGKILLs its own process
+before (or after) its n-th call of that method.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import sys
+import threading
+from contextlib import ExitStack
 from typing import Any
 
 import psycopg
 
-from k7core.outbox import Outbox
+from k7core.jobs import JobStore
+from k7core.outbox import Outbox, PostgresRelay, Relay, SqliteRelay
 
 
 def create(kind: str, where: str) -> None:
@@ -35,10 +46,63 @@ def create(kind: str, where: str) -> None:
         os.write(1, b"created\n")
 
 
+class KillingStore(JobStore):
+    """A job store that SIGKILLs its process at one chosen call (``kill``, as KILL above),
+    and prints each put."""
+
+    def __init__(self, path: str, kill: str) -> None:
+        super().__init__(path, fsync="flush")
+        self._killer_calls = {"put": 0, "forget": 0, "mark": 0}
+        self._killer_lock = threading.Lock()
+        self._killer_at: tuple[str, str, int] | None = None
+        if kill != "none":
+            call, _, rest = kill.partition("-")
+            when, _, n = rest.partition(":")
+            self._killer_at = (call, when, int(n))
+
+    def _at(self, call: str, when: str) -> None:
+        with self._killer_lock:
+            if when == "before":
+                self._killer_calls[call] += 1
+            if self._killer_at == (call, when, self._killer_calls[call]):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    def put(self, body: bytes, **options: Any) -> int:
+        self._at("put", "before")
+        job_id = super().put(body, **options)
+        os.write(1, b"P %d\n" % job_id)
+        self._at("put", "after")
+        return job_id
+
+    def forget(self, tube: str, keys: Any) -> int:
+        self._at("forget", "before")
+        n = super().forget(tube, keys)
+        self._at("forget", "after")
+        return n
+
+    def mark(self, name: str) -> int | None:
+        self._at("mark", "before")
+        position = super().mark(name)
+        self._at("mark", "after")
+        return position
+
+
+def relay(kind: str, where: str, path: str, batch: str, relays: str, kill: str) -> None:
+    with KillingStore(path, kill) as store, ExitStack() as stack:
+        os.write(1, b"ready\n")
+        for _ in range(int(relays)):
+            r: Relay = (SqliteRelay(where, store, batch=int(batch)) if kind == "sqlite"
+                        else PostgresRelay(where, store, batch=int(batch)))
+            stack.enter_context(r)
+        threading.Event().wait()
+
+
 def main() -> None:
     mode, *args = sys.argv[1:]
     if mode == "create":
         create(*args)
+    elif mode == "relay":
+        relay(*args)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

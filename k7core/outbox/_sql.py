@@ -123,9 +123,13 @@ class Postgres:
             "body BYTEA NOT NULL, priority BIGINT NOT NULL, delay DOUBLE PRECISION NOT NULL, "
             "ttr DOUBLE PRECISION NOT NULL, key TEXT, depends_on TEXT, "
             "created_at DOUBLE PRECISION NOT NULL)",
-            f"CREATE TABLE IF NOT EXISTS {t}_meta (name TEXT NOT NULL)",
-            f"INSERT INTO {t}_meta SELECT 'outbox-' || substr(md5(random()::text), 1, 16) "
-            f"WHERE NOT EXISTS (SELECT 1 FROM {t}_meta)",
+            # One name row, even for a create in a REPEATABLE READ transaction whose
+            # snapshot misses another's row: the unique column makes that a serialization
+            # failure (retry it), not a second name (relays would disagree on keys).
+            f"CREATE TABLE IF NOT EXISTS {t}_meta (name TEXT NOT NULL, "
+            "one BOOLEAN NOT NULL DEFAULT TRUE UNIQUE CHECK (one))",
+            f"INSERT INTO {t}_meta (name) SELECT 'outbox-' || substr(md5(random()::text), 1, "
+            f"16) WHERE NOT EXISTS (SELECT 1 FROM {t}_meta) ON CONFLICT DO NOTHING",
             f"CREATE TABLE IF NOT EXISTS {t}_done (tube TEXT NOT NULL, key TEXT NOT NULL)",
             f"CREATE OR REPLACE FUNCTION {t}_notify() RETURNS trigger LANGUAGE plpgsql AS "
             f"$$ BEGIN PERFORM pg_notify('{t}', ''); RETURN NULL; END $$",

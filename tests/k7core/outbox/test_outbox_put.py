@@ -193,6 +193,23 @@ def test_concurrent_creates_from_several_processes(kind: str, db_path: Path,
         app.close()
 
 
+def test_pg_a_repeatable_read_create_racing_another_makes_no_second_name(dsn: str) -> None:
+    """A create in a REPEATABLE READ transaction whose snapshot predates another create's
+    commit fails as a serialization failure (the caller retries), instead of adding a
+    second outbox name: relays reading different names would put a row twice."""
+    with psycopg.connect(dsn) as late, psycopg.connect(dsn) as other:
+        late.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        late.execute("SELECT 1")  # the snapshot
+        Outbox().create(other)
+        other.commit()
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            Outbox().create(late)
+        late.rollback()
+        Outbox().create(late)  # the retry
+        late.commit()
+        assert len(late.execute("SELECT name FROM k7_outbox_meta").fetchall()) == 1
+
+
 # --- bad input --------------------------------------------------------------------------
 
 

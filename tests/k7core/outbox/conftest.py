@@ -33,6 +33,11 @@ def pg_server() -> Iterator[Any]:
             warnings.simplefilter("ignore")
             pgserver = importlib.import_module("pgserver")
             server = pgserver.get_server(where, cleanup_mode="stop")
+        with psycopg.connect(server.get_uri(), autocommit=True) as admin:
+            # a server of the tests: no crash of it to survive, commits need no flush
+            admin.execute("ALTER SYSTEM SET fsync = off")
+            admin.execute("ALTER SYSTEM SET synchronous_commit = off")
+            admin.execute("SELECT pg_reload_conf()")
         try:
             yield server
         finally:

@@ -141,11 +141,16 @@ def test_pg_a_relay_that_starts_forgets_what_a_dead_one_left(dsn: str, tmp_path:
 
 def test_the_thread_wakes_at_each_commit(app: App, store: JobStore) -> None:
     box = setup(app)
+    lags = []
     with app.relay(store) as relay:
         for i in range(20):
             box.put(app.conn, TUBE, i)
             app.commit()
+            committed = time.monotonic()
             assert wait_payload(store) == i
+            lags.append(time.monotonic() - committed)
+        # woken by the commit, not by the look a relay takes every second
+        assert sorted(lags)[len(lags) // 2] < 0.3, lags
         box.put(app.conn, TUBE, "rolled back")
         app.rollback()
         box.put(app.conn, TUBE, "last")

@@ -16,7 +16,7 @@ from tests._queuehelp import ROOT
 
 KEYS = {"name", "unit", "value", "min", "max", "params"}
 UNITS = {"msg/s", "us", "MB/s", "MB", "GB", "cpu/wall", "msg/msync", "threads", "jobs/s",
-         "B/job", "s"}
+         "B/job", "s", "rows/s", "ms"}
 
 
 def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -33,6 +33,7 @@ from typing import Any
 from k7core import jobs, outbox
 
 from ._harness import Case, Run, Samples, Skipped, in_fresh_dirs, percentile
+from ._workers import Postgres as PostgresServer
 
 TUBE = "outbox"
 PER_TX = 1000
@@ -51,14 +52,13 @@ FULL = Sizes(rows=100_000, lag_rows=2_000)
 
 @contextmanager
 def postgres(root: Path) -> Iterator[str]:
-    """A PostgreSQL server (pgserver) in ``root``: its DSN; stopped after."""
-    import pgserver
-
-    server = pgserver.get_server(root / "pgdata", cleanup_mode="stop")  # type: ignore[attr-defined]
+    """A PostgreSQL server (pgserver, as the workers' cases start it) in ``root``: its DSN;
+    stopped after."""
+    server = PostgresServer(root / "pgdata")
     try:
-        yield server.get_uri()
+        yield server.uri
     finally:
-        server.cleanup()
+        server.close()
 
 
 # --- the databases -----------------------------------------------------------------------

@@ -379,7 +379,7 @@ def _pgqueuer_case(n: int) -> Case:
             count = Countdown(n)
             qm = QueueManager(queries)
 
-            @qm.entrypoint("empty")
+            @qm.entrypoint("empty")  # type: ignore[untyped-decorator,unused-ignore]
             async def empty(job: Job) -> None:
                 count.hit()
 

@@ -27,7 +27,7 @@ from ._owner import Call, Command, Gather, Owner
 T = TypeVar("T")
 
 _PutArgs = tuple[bytes, str, int, float, float, "str | None", tuple[int | tuple[str, str], ...],
-                 "tuple[str, int] | None", bool]
+                 "tuple[str, int] | None", bool, "str | None"]
 
 
 class _Puts(Gather[JobStore, "int | BaseException"]):
@@ -41,10 +41,11 @@ class _Puts(Gather[JobStore, "int | BaseException"]):
     def execute(self, store: JobStore) -> list[int | BaseException]:
         put = store.put
         out: list[int | BaseException] = []
-        for body, tube, priority, delay, ttr, key, deps, mark, remember in self.items:
+        for body, tube, priority, delay, ttr, key, deps, mark, remember, group in self.items:
             try:
                 out.append(put(body, tube=tube, priority=priority, delay=delay, ttr=ttr,
-                               key=key, depends_on=deps, mark=mark, remember=remember))
+                               key=key, depends_on=deps, mark=mark, remember=remember,
+                               group=group))
             except Exception as exc:  # the put's own failure, for its own task
                 out.append(exc)
         return out
@@ -127,12 +128,13 @@ class AsyncJobStore:
         depends_on: Iterable[int | tuple[str, str]] = (),
         mark: tuple[str, int] | None = None,
         remember: bool = False,
+        group: str | None = None,
     ) -> int:
-        """:meth:`JobStore.put` (``mark`` and ``remember`` too): returns the id once the
+        """:meth:`JobStore.put` (``mark``, ``remember`` and ``group`` too): returns the id once the
         store's strategy holds the job. If the task is cancelled while it waits, the job may
         still be stored (its id is then unknown: use ``key`` to make a retried put safe)."""
         args: _PutArgs = (body, tube, priority, delay, ttr, key,
-                          tuple(depends_on) if depends_on else (), mark, remember)
+                          tuple(depends_on) if depends_on else (), mark, remember, group)
         command, index = self._owner.gather(_Puts, args)
         await command.wait()
         outcome = command.result()[index]
@@ -147,6 +149,14 @@ class AsyncJobStore:
     async def forget(self, tube: str, keys: Iterable[str]) -> int:
         """:meth:`JobStore.forget`."""
         return await self.run(lambda s: s.forget(tube, keys))
+
+    async def group_progress(self, tube: str, group: str) -> dict[str, int]:
+        """:meth:`JobStore.group_progress`."""
+        return await self.run(lambda s: s.group_progress(tube, group))
+
+    async def forget_group(self, tube: str, group: str) -> bool:
+        """:meth:`JobStore.forget_group`."""
+        return await self.run(lambda s: s.forget_group(tube, group))
 
     async def kick(self, tube: str, bound: int) -> int:
         """:meth:`JobStore.kick`."""

@@ -24,6 +24,7 @@ from k7core.workers._beanstalk import (
     bury_steps,
     counts_steps,
     kick_steps,
+    no_store_feature,
     put_steps,
     release_steps,
     reserve_steps,
@@ -57,10 +58,12 @@ class AsyncSource(Protocol):
 
     def session(self) -> AsyncSession: ...
     async def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
-                  key: str | None, depends_on: Deps) -> int: ...
+                  key: str | None, depends_on: Deps, group: str | None = None) -> int: ...
     async def buried(self, tube: str, limit: int | None = None) -> list[JobView]: ...
     async def kick(self, tube: str, bound: int) -> int: ...
     async def counts(self) -> dict[str, dict[str, int]]: ...
+    async def group_progress(self, tube: str, group: str) -> dict[str, int]: ...
+    async def forget_group(self, tube: str, group: str) -> bool: ...
     async def aclose(self) -> None: ...
 
 
@@ -150,9 +153,9 @@ class AsyncStoreSource:
         return _StoreSession(self, self._store.owner())
 
     async def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
-                  key: str | None, depends_on: Deps) -> int:
+                  key: str | None, depends_on: Deps, group: str | None = None) -> int:
         return await self._astore.put(body, tube=tube, priority=priority, delay=delay,
-                                      ttr=ttr, key=key, depends_on=depends_on)
+                                      ttr=ttr, key=key, depends_on=depends_on, group=group)
 
     async def buried(self, tube: str, limit: int | None = None) -> list[JobView]:
         return [view(j) for j in self._store.errors(tube)[:limit]]
@@ -162,6 +165,12 @@ class AsyncStoreSource:
 
     async def counts(self) -> dict[str, dict[str, int]]:
         return store_counts(self._store)
+
+    async def group_progress(self, tube: str, group: str) -> dict[str, int]:
+        return self._store.group_progress(tube, group)
+
+    async def forget_group(self, tube: str, group: str) -> bool:
+        return await self.call(lambda: self._store.forget_group(tube, group))
 
     async def aclose(self) -> None:
         if not self._store.closed:
@@ -209,9 +218,9 @@ class InlineSource:
         return _InlineSession(self.source.session())
 
     async def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
-                  key: str | None, depends_on: Deps) -> int:
+                  key: str | None, depends_on: Deps, group: str | None = None) -> int:
         return self.source.put(body, tube=tube, priority=priority, delay=delay, ttr=ttr,
-                               key=key, depends_on=depends_on)
+                               key=key, depends_on=depends_on, group=group)
 
     async def buried(self, tube: str, limit: int | None = None) -> list[JobView]:
         return self.source.buried(tube, limit)
@@ -221,6 +230,12 @@ class InlineSource:
 
     async def counts(self) -> dict[str, dict[str, int]]:
         return self.source.counts()
+
+    async def group_progress(self, tube: str, group: str) -> dict[str, int]:
+        return self.source.group_progress(tube, group)
+
+    async def forget_group(self, tube: str, group: str) -> bool:
+        return self.source.forget_group(tube, group)
 
     async def aclose(self) -> None:
         self.source.close()
@@ -305,8 +320,9 @@ class AsyncBeanstalkSource:
             return await drive(self._client, steps)
 
     async def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
-                  key: str | None, depends_on: Deps) -> int:
-        return await self._run(put_steps(body, tube, priority, delay, ttr, key, depends_on))
+                  key: str | None, depends_on: Deps, group: str | None = None) -> int:
+        return await self._run(put_steps(body, tube, priority, delay, ttr, key, depends_on,
+                                         group))
 
     async def buried(self, tube: str, limit: int | None = None) -> list[JobView]:
         return await self._run(buried_steps(tube, limit, self.clock))
@@ -316,6 +332,12 @@ class AsyncBeanstalkSource:
 
     async def counts(self) -> dict[str, dict[str, int]]:
         return await self._run(counts_steps())
+
+    async def group_progress(self, tube: str, group: str) -> dict[str, int]:
+        raise no_store_feature()
+
+    async def forget_group(self, tube: str, group: str) -> bool:
+        raise no_store_feature()
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -210,9 +210,10 @@ class AsyncWorker:
 
     async def put(self, tube: str, payload: Any, *, priority: int | None = None,
                   delay: float = 0.0, ttr: float | None = None, key: str | None = None,
-                  depends_on: Deps | None = None) -> int:
+                  depends_on: Deps | None = None, group: str | None = None) -> int:
         """:meth:`k7core.workers.Worker.put`."""
-        body, args = self._core.put_args(tube, payload, priority, delay, ttr, key, depends_on)
+        body, args = self._core.put_args(tube, payload, priority, delay, ttr, key, depends_on,
+                                         group)
         return await self._src.put(body, **args)
 
     # --- running ----------------------------------------------------------------------------
@@ -357,6 +358,14 @@ class AsyncWorker:
     async def stats(self) -> dict[str, dict[str, int]]:
         """:meth:`k7core.workers.Worker.stats`."""
         return await self._src.counts()
+
+    async def group_progress(self, tube: str, group: str) -> dict[str, int]:
+        """:meth:`k7core.workers.Worker.group_progress`."""
+        return await self._src.group_progress(tube, group)
+
+    async def forget_group(self, tube: str, group: str) -> bool:
+        """:meth:`k7core.workers.Worker.forget_group`."""
+        return await self._src.forget_group(tube, group)
 
     def retry_stats(self) -> dict[str, dict[str, float]]:
         """:meth:`k7core.workers.Worker.retry_stats`."""

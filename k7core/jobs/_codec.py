@@ -16,15 +16,17 @@ PUT the id *offset of its frame + 1* (never 0, never reused), so a PUT does not 
     BURY     4  u64 id, u32 priority, u8 1 if an error text follows; the error text
     KICK     5  u64 id
     READY    6  u64 id (a delayed or buried job made ready by reserve-job; no counter)
-    PUT_WITH 7  u8 flags (1: a mark follows, 2: remember the key), the mark if flag 1
-                (u16 name length, the name, u64 position), then a whole PUT record (its
-                operation byte included); the job's id is this record's offset + 1
+    PUT_WITH 7  u8 flags (1: a mark follows, 2: remember the key, 4: a group follows), the
+                mark if flag 1 (u16 name length, the name, u64 position), the group if
+                flag 4 (u16 length, the name), then a whole PUT record (its operation byte
+                included); the job's id is this record's offset + 1
     MARK     8  u64 position, then the mark's name: the rest of the record (a put with a
                 mark that stored nothing: its key was taken)
     FORGET   9  u8 tube length, the tube, then per key: u16 length, the key (to the end)
+    FORGET_GROUP 10  u8 tube length, the tube, then the group's name: the rest of the record
 
-A store written before PUT_WITH, MARK and FORGET existed has none of them: its journal
-replays as it did.
+A store written before PUT_WITH, MARK, FORGET and FORGET_GROUP existed has none of them: its
+journal replays as it did.
 
 Reservations, touches, time-to-run expiries, delays coming due and pauses are not journaled
 (as in beanstalkd's binlog); replaying a journal therefore leaves every job that was reserved
@@ -33,7 +35,7 @@ ready (or where its last record left it), and the store calls ``advance(now)`` a
 Snapshot (``dump_snapshot`` yields it in chunks; the fixed-size rows come first, in one
 block, so loading reads them with ``struct.iter_unpack``):
 
-    header   8s magic b"K7JOBSNP", u32 version (2), u64 position (the journal offset the
+    header   8s magic b"K7JOBSNP", u32 version (3), u64 position (the journal offset the
              snapshot covers, given by the store), u32 tube count, then per tube: u8 name
              length, the name; u64 job count
     rows     per job, 69 bytes: u64 id, u32 tube index, u8 state (0 ready, 1 delayed,
@@ -49,11 +51,13 @@ block, so loading reads them with ``struct.iter_unpack``):
     marks    u64 count, then per mark: u16 name length, the name, u64 position
     kept     u64 count of tubes with remembered keys, then per tube: u8 name length, the
              name, u64 key count, then per key: u16 length, the key, u64 the id it had
+    groups   u64 count of job groups, then per group: u8 tube length, the tube, u16 name
+             length, the name, u64 done count, u64 live job count, the live ids (u64 each)
     trailer  u32 CRC32C (Castagnoli, ``k7core.crc32c``: the C kernel's, hardware where the
              CPU has it) of every byte before it.
 
-Version 1 (written before marks and remembered keys) has no ``marks`` and ``kept``: it
-still loads, with none of either.
+Version 1 (written before marks and remembered keys) has no ``marks``, ``kept`` and
+``groups``; version 2 (before job groups) no ``groups``: both still load, with none.
 
 Not in a snapshot: reservations (their jobs are ready), pauses, tube references, and the
 counters beanstalkd keeps since its start (total-jobs, job-timeouts, cmd-delete...).
@@ -81,10 +85,13 @@ OP_READY = 6
 OP_PUT_WITH = 7
 OP_MARK = 8
 OP_FORGET = 9
+OP_FORGET_GROUP = 10
 PUT_MARK = 1
 """PUT_WITH's flag: a mark follows."""
 PUT_REMEMBER = 2
 """PUT_WITH's flag: remember the key."""
+PUT_GROUP = 4
+"""PUT_WITH's flag: a group follows."""
 
 _NO_KEY = 0xFFFF
 _PUT = struct.Struct("<BIddddBHI")
@@ -96,8 +103,8 @@ _KICK_HEAD = bytes([OP_KICK])
 _READY_HEAD = bytes([OP_READY])
 
 MAGIC = b"K7JOBSNP"
-VERSION = 2
-VERSIONS = (1, VERSION)
+VERSION = 3
+VERSIONS = (1, 2, VERSION)
 """The snapshot versions this code reads."""
 _HEADER = struct.Struct("<8sIQI")
 _COUNT = struct.Struct("<Q")
@@ -129,13 +136,15 @@ def encode_put(
     ))
 
 
-def encode_put_with(plan: PutPlan, mark: tuple[str, int] | None, remember: bool) -> bytes:
-    """The PUT_WITH record of a checked put with a mark or ``remember=True``."""
+def encode_put_with(plan: PutPlan, mark: tuple[str, int] | None, remember: bool,
+                    group: str | None = None) -> bytes:
+    """The PUT_WITH record of a checked put with a mark, ``remember=True`` or a group."""
     head = bytes([OP_PUT_WITH, (PUT_MARK if mark is not None else 0)
-                  | (PUT_REMEMBER if remember else 0)])
+                  | (PUT_REMEMBER if remember else 0) | (PUT_GROUP if group is not None else 0)])
     if mark is not None:
-        raw = mark[0].encode()
-        head += _U16.pack(len(raw)) + raw + _COUNT.pack(mark[1])
+        head += _text(mark[0]) + _COUNT.pack(mark[1])
+    if group is not None:
+        head += _text(group)
     return head + encode_put(*plan)
 
 
@@ -151,6 +160,11 @@ def encode_forget(tube: str, keys: Iterable[str]) -> bytes:
         raw = key.encode()
         parts += (_U16.pack(len(raw)), raw)
     return b"".join(parts)
+
+
+def encode_forget_group(tube: str, group: str) -> bytes:
+    """The FORGET_GROUP record of group ``group`` of ``tube``."""
+    return bytes([OP_FORGET_GROUP, len(tube)]) + tube.encode("ascii") + group.encode()
 
 
 def encode_delete(job_id: int) -> bytes:
@@ -273,7 +287,7 @@ def _replay_put_with(
     machine: JobMachine, record: bytes | bytearray | memoryview, offset: int,
 ) -> None:
     flags = record[1]
-    if flags & ~(PUT_MARK | PUT_REMEMBER):
+    if flags & ~(PUT_MARK | PUT_REMEMBER | PUT_GROUP):
         raise ValueError(f"unknown PUT_WITH flags {flags}")
     pos = 2
     mark = None
@@ -282,11 +296,14 @@ def _replay_put_with(
         (position,) = _COUNT.unpack_from(record, pos)
         mark = (name, position)
         pos += _COUNT.size
+    group = None
+    if flags & PUT_GROUP:
+        group, pos = _decode_text(record, pos)
     plan = _decode_put(record[pos:])
     remember = bool(flags & PUT_REMEMBER)
     if remember and plan[6] is None:
         raise ValueError("PUT_WITH remembers the key of a put without one")
-    machine.apply_put_with(offset + 1, plan, mark, remember)
+    machine.apply_put_with(offset + 1, plan, mark, remember, group)
 
 
 def _replay(machine: JobMachine, record: bytes | bytearray | memoryview, offset: int) -> None:
@@ -309,6 +326,12 @@ def _replay(machine: JobMachine, record: bytes | bytearray | memoryview, offset:
             key, pos = _decode_text(record, pos)
             keys.append(key)
         machine.apply_forget(tube, keys)
+    elif op == OP_FORGET_GROUP:
+        tube_len = record[1]
+        tube = str(record[2:2 + tube_len], "ascii")
+        if len(tube) != tube_len:
+            raise ValueError("FORGET_GROUP record cut short")
+        machine.apply_forget_group(tube, str(record[2 + tube_len:], "utf-8"))
     elif op in (OP_DELETE, OP_KICK, OP_READY):
         _, job_id = _ID.unpack(record)
         if op == OP_DELETE:
@@ -374,6 +397,11 @@ def dump_snapshot(machine: JobMachine, position: int = 0) -> Iterator[bytes]:
     for tube, keys in kept.items():
         tail += (bytes([len(tube)]), tube.encode("ascii"), _COUNT.pack(len(keys)))
         tail += [_text(key) + _COUNT.pack(job_id) for key, job_id in keys.items()]
+    groups = machine.group_records()
+    tail.append(_COUNT.pack(len(groups)))
+    for tube, name, done, ids in groups:
+        tail += (bytes([len(tube)]), tube.encode("ascii"), _text(name),
+                 _COUNT.pack(done), _COUNT.pack(len(ids)), struct.pack(f"<{len(ids)}Q", *ids))
     crc = 0
     for part in (head, rows, [lengths.tobytes()], bodies, [_COUNT.pack(len(extras)), *extras],
                  tail):
@@ -491,6 +519,8 @@ def _load(raw: bytes, end: int, version: int) -> JobMachine:
         machine.load_extra(job_id, key, deps, tuple(texts))
     if version >= 2:
         pos = _load_marks_and_kept(machine, raw, pos)
+    if version >= 3:
+        pos = _load_groups(machine, raw, pos)
     if pos != end:
         raise ValueError(f"{end - pos} bytes left after the last job")
     machine.finish_load()
@@ -518,4 +548,20 @@ def _load_marks_and_kept(machine: JobMachine, raw: bytes, pos: int) -> int:
             (job_id,) = _COUNT.unpack_from(raw, pos)
             pos += _COUNT.size
             machine.apply_remember(tube, key, job_id)
+    return pos
+
+
+def _load_groups(machine: JobMachine, raw: bytes, pos: int) -> int:
+    """Load the ``groups`` part at ``pos`` (after the jobs); the position after it."""
+    (count,) = _COUNT.unpack_from(raw, pos)
+    pos += _COUNT.size
+    for _ in range(count):
+        n = raw[pos]
+        tube = raw[pos + 1:pos + 1 + n].decode("ascii")
+        name, pos = _decode_text(raw, pos + 1 + n)
+        done, live = struct.unpack_from("<QQ", raw, pos)
+        pos += 16
+        ids = struct.unpack_from(f"<{live}Q", raw, pos)
+        pos += 8 * live
+        machine.load_group(tube, name, done, ids)
     return pos

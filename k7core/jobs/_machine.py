@@ -39,6 +39,10 @@ Beside the jobs, two things a relay (a transactional outbox) needs: *marks*, per
 position (an int) given with the last put that carried that name, and *remembered keys*,
 per tube the keys put with ``remember=True`` and not yet forgotten, with the id each had: a
 put with such a key stores nothing and returns that id, whether the job is live or done.
+
+And *groups* (yoltq's job groups): a put may name a group of its tube; per group the machine
+keeps its live jobs' ids and how many of its jobs were deleted (done), until the group is
+forgotten, so :meth:`JobMachine.group_progress` costs the group's live jobs, not the tube's.
 """
 
 from __future__ import annotations
@@ -203,13 +207,23 @@ def check_key(key: object) -> str:
                           hint="use a str of at most 1024 UTF-8 bytes (or None: no key)")
 
 
-def check_mark_name(name: object) -> str:
-    """``name`` if it is a str of 1 to 1024 UTF-8 bytes (a mark's name), else
-    InvalidJobError."""
+def _name(name: object, what: str, hint: str = "") -> str:
+    """``name`` if it is a str of 1 to 1024 UTF-8 bytes, else InvalidJobError."""
     if _utf8_within(name, MAX_KEY_BYTES) and name:
         return name
-    raise InvalidJobError(f"mark name {name!r:.80} is not valid",
-                          hint="use a str of 1 to 1024 UTF-8 bytes")
+    raise InvalidJobError(f"{what} {name!r:.80} is not valid",
+                          hint="use a str of 1 to 1024 UTF-8 bytes" + hint)
+
+
+def check_mark_name(name: object) -> str:
+    """``name`` if it is a valid mark name (1 to 1024 UTF-8 bytes), else InvalidJobError."""
+    return _name(name, "mark name")
+
+
+def check_group(group: object) -> str:
+    """``group`` if it is a valid job group name (1 to 1024 UTF-8 bytes), else
+    InvalidJobError."""
+    return _name(group, "group", " (or None: no group)")
 
 
 def check_mark(mark: object) -> tuple[str, int]:
@@ -318,6 +332,18 @@ class _Tube:
         self.keys.clear()
 
 
+class _Group:
+    """A job group: its live jobs and how many of its jobs were deleted."""
+
+    __slots__ = ("done", "ids", "name", "tube")
+
+    def __init__(self, tube: str, name: str) -> None:
+        self.tube = tube
+        self.name = name
+        self.ids: dict[int, None] = {}  # live jobs, in put order
+        self.done = 0
+
+
 _Record = JobRecord
 """A live job, mutable (a C struct: made by one call, numbers inline, never walked by the
 cycle collector). Built into a :class:`Job` only when a call
@@ -357,6 +383,8 @@ class JobMachine:
         # tube -> key -> id: the keys put with remember=True and not forgotten (the tube's
         # own keys dict holds live jobs' keys only, and goes with the tube)
         self._kept: dict[str, dict[str, int]] = {}
+        self._groups: dict[tuple[str, str], _Group] = {}  # (tube, name) -> group
+        self._grouped: dict[int, _Group] = {}  # id -> the group of a live job in one
 
     # --- tubes -----------------------------------------------------------------------------
 
@@ -576,11 +604,13 @@ class JobMachine:
         self._total_jobs += n
 
     def check_extras(
-        self, key: str | None, mark: object, remember: object,
+        self, key: str | None, mark: object, remember: object, group: object = None,
     ) -> tuple[str, int] | None:
         """Check a put's ``mark`` (None, or ``(name, position)`` with a position not below
-        the mark's) and ``remember`` (a bool; True needs a ``key``); InvalidJobError
-        otherwise. Returns the checked mark."""
+        the mark's), ``remember`` (a bool; True needs a ``key``) and ``group`` (None or a
+        group name); InvalidJobError otherwise. Returns the checked mark."""
+        if group is not None:
+            check_group(group)
         if type(remember) is not bool:
             raise InvalidJobError(f"remember={remember!r:.80} is not valid",
                                   hint="use True or False")
@@ -600,15 +630,19 @@ class JobMachine:
 
     def apply_put_with(
         self, job_id: int, plan: PutPlan, mark: tuple[str, int] | None, remember: bool,
+        group: str | None = None,
     ) -> None:
-        """:meth:`apply_put`, then set ``mark`` and, with ``remember``, keep the job's key
-        until :meth:`apply_forget` (a put checked by :meth:`check_extras` too)."""
+        """:meth:`apply_put`, then set ``mark``, with ``remember`` keep the job's key
+        until :meth:`apply_forget`, and add the job to ``group`` (a put checked by
+        :meth:`check_extras` too)."""
         self.apply_put(job_id, plan)
         if mark is not None:
             self._marks[mark[0]] = mark[1]
         key = plan[6]
         if remember and key is not None:  # (check_extras refuses remember without a key)
             self.apply_remember(plan[0], key, job_id)
+        if group is not None:
+            self.load_group(plan[0], group, 0, (job_id,))
 
     def apply_mark(self, name: str, position: int) -> None:
         """Set mark ``name`` to ``position`` (a put with a mark that stored nothing; a
@@ -666,6 +700,59 @@ class JobMachine:
         """Every remembered key, per tube, with the id it had (the machine's own dicts:
         read them, do not change them)."""
         return self._kept
+
+    # --- groups ----------------------------------------------------------------------------
+
+    def load_group(self, tube: str, name: str, done: int, ids: Iterable[int]) -> None:
+        """Add ``done`` deleted jobs and the live jobs ``ids`` to group ``name`` of ``tube``
+        (a put in a group; a snapshot being loaded). Ids of jobs not live are ignored."""
+        g = self._groups.get((tube, name))
+        if g is None:
+            g = self._groups[(tube, name)] = _Group(tube, name)
+        g.done += done
+        jobs, grouped = self._jobs, self._grouped
+        for job_id in ids:
+            if job_id in jobs and job_id not in grouped:
+                g.ids[job_id] = None
+                grouped[job_id] = g
+
+    def group_progress(self, tube: str, name: str) -> dict[str, int]:
+        """The live jobs of group ``name`` of ``tube`` per state, and ``done``: how many
+        of its jobs were deleted since it was last forgotten (all 0 for an unknown group)."""
+        check_tube(tube)
+        g = self._groups.get((tube, check_group(name)))
+        out = dict.fromkeys([s.value for s in JobState], 0)
+        out["done"] = 0
+        if g is None:
+            return out
+        jobs = self._jobs
+        for job_id in g.ids:
+            out[jobs[job_id].state] += 1
+        out["done"] = g.done
+        return out
+
+    def groups(self, tube: str) -> list[str]:
+        """The groups of ``tube`` (with live jobs, or done ones not forgotten), sorted."""
+        check_tube(tube)
+        return sorted(name for t, name in self._groups if t == tube)
+
+    def check_forget_group(self, tube: str, name: str) -> bool:
+        """Check a forget of a group: True when there is such a group (to journal and
+        apply); InvalidJobError for a bad tube or group name."""
+        check_tube(tube)
+        return (tube, check_group(name)) in self._groups
+
+    def apply_forget_group(self, tube: str, name: str) -> None:
+        """Forget group ``name`` of ``tube``: its done count, and its live jobs' membership
+        (they stay, in no group). No-op for an unknown group."""
+        g = self._groups.pop((tube, name), None)
+        if g is not None:
+            for job_id in g.ids:
+                del self._grouped[job_id]
+
+    def group_records(self) -> list[tuple[str, str, int, list[int]]]:
+        """Every group as ``(tube, name, done, live ids)`` (for a snapshot)."""
+        return [(g.tube, g.name, g.done, list(g.ids)) for g in self._groups.values()]
 
     # --- state changes ---------------------------------------------------------------------
 
@@ -817,6 +904,11 @@ class JobMachine:
         key = rec.key
         if key is not None and t.keys.get(key) == job_id:
             del t.keys[key]
+        if self._grouped:
+            g = self._grouped.pop(job_id, None)
+            if g is not None:
+                del g.ids[job_id]
+                g.done += 1
         made = 0
         if self._dependents:
             waiting = self._dependents.pop(job_id, None)

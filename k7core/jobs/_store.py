@@ -53,6 +53,7 @@ from ._codec import (
     encode_bury,
     encode_delete,
     encode_forget,
+    encode_forget_group,
     encode_kick,
     encode_mark,
     encode_put,
@@ -331,6 +332,7 @@ class JobStore(Resource):
         depends_on: Iterable[int | tuple[str, str]] = (),
         mark: tuple[str, int] | None = None,
         remember: bool = False,
+        group: str | None = None,
     ) -> int:
         """Store a job; return its id (ids are never reused). With ``key``, a live job of
         ``tube`` that has the same key (or a job whose key is remembered) is returned
@@ -346,10 +348,13 @@ class JobStore(Resource):
         ``remember=True`` (with a ``key``): the key stays taken in ``tube`` after the job
         is deleted, until :meth:`forget`; a put with it stores nothing and returns this
         job's id. Nothing forgets on its own: the caller bounds them (:meth:`remembered`
-        lists them)."""
-        if mark is not None or remember is not False:
+        lists them).
+
+        ``group``: the job joins this group of ``tube`` (yoltq's job groups), whose
+        progress :meth:`group_progress` tells."""
+        if mark is not None or remember is not False or group is not None:
             return self._put_with(body, tube, priority, delay, ttr, key, depends_on, mark,
-                                  remember)
+                                  remember, group)
         with self._lock:
             if self._closed:
                 self._check_open()
@@ -373,15 +378,15 @@ class JobStore(Resource):
     def _put_with(
         self, body: bytes, tube: str, priority: int, delay: float, ttr: float,
         key: str | None, depends_on: Iterable[int | tuple[str, str]], mark: object,
-        remember: object,
+        remember: object, group: str | None,
     ) -> int:
-        """:meth:`put` with a mark or ``remember=True``."""
+        """:meth:`put` with a mark, ``remember=True`` or a group."""
         with self._lock:
             self._check_open()
             machine = self._machine
             plan = machine.check_put(tube, body, priority, delay, ttr, key, depends_on,
                                      self._clock())
-            checked = machine.check_extras(key, mark, remember)
+            checked = machine.check_extras(key, mark, remember, group)
             if isinstance(plan, int):  # the key is taken: nothing stored, the mark moves
                 if checked is None or machine.mark(checked[0]) == checked[1]:
                     return plan
@@ -390,11 +395,12 @@ class JobStore(Resource):
                 job_id = plan
             else:
                 try:
-                    offset = self._append(encode_put_with(plan, checked, remember is True))
+                    offset = self._append(encode_put_with(plan, checked, remember is True,
+                                                          group))
                 except MessageTooLargeError as exc:
                     raise _too_large(plan) from exc
                 job_id = offset + 1
-                machine.apply_put_with(job_id, plan, checked, remember is True)
+                machine.apply_put_with(job_id, plan, checked, remember is True, group)
                 if plan[4] or self._waiters:
                     self._went_back(plan[4])
         if self._sync:
@@ -430,6 +436,35 @@ class JobStore(Resource):
         with self._lock:
             self._check_open()
             return self._machine.remembered(tube, prefix)
+
+    def group_progress(self, tube: str, group: str) -> dict[str, int]:
+        """How far group ``group`` of ``tube`` is (yoltq's ``job-group-progress``): its live
+        jobs per state (ready, delayed, reserved, buried, waiting) and ``done``, how many
+        of its jobs were deleted. All 0 for a group nobody put to (or forgotten)."""
+        with self._lock:
+            self._check_open()
+            self._advance()
+            return self._machine.group_progress(tube, group)
+
+    def groups(self, tube: str) -> list[str]:
+        """The groups of ``tube`` that have live jobs or a done count, sorted."""
+        with self._lock:
+            self._check_open()
+            return self._machine.groups(tube)
+
+    def forget_group(self, tube: str, group: str) -> bool:
+        """Drop group ``group`` of ``tube``: its done count, and its live jobs' membership
+        (the jobs stay). The store keeps a group until this: call it when the group's
+        progress is no longer wanted. Returns whether there was such a group."""
+        with self._lock:
+            self._check_open()
+            if not self._machine.check_forget_group(tube, group):
+                return False
+            self._append(encode_forget_group(tube, group))
+            self._machine.apply_forget_group(tube, group)
+        if self._sync:
+            self._durable()
+        return True
 
     def delete(self, job_id: int) -> None:
         """Delete a job that is ready, delayed, buried or waiting (a reserved one only its

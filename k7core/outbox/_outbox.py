@@ -10,7 +10,14 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from ..jobs._errors import InvalidJobError
-from ..jobs._machine import check_body, check_key, check_priority, check_seconds, check_tube
+from ..jobs._machine import (
+    check_body,
+    check_group,
+    check_key,
+    check_priority,
+    check_seconds,
+    check_tube,
+)
 from ..jobs._store import MAX_BODY
 from ..workers._codec import Codec, encode_body
 from ..workers._codec import codec as _codec_of
@@ -79,12 +86,12 @@ class Outbox:
 
     def put(self, conn: sqlite3.Connection | psycopg.Connection[Any], tube: str, payload: Any,
             *, priority: int = 1024, delay: float = 0.0, ttr: float = 60.0,
-            key: str | None = None, depends_on: Deps = ()) -> int:
+            key: str | None = None, depends_on: Deps = (), group: str | None = None) -> int:
         """Put a job as a row on ``conn``, in its current transaction (it is relayed once
         that commits; a rollback puts nothing); return the row's id. The arguments are
         ``JobStore.put``'s and are checked here, so a row the relay cannot store is refused
         at once. ``delay`` counts from now, not from the relay."""
-        values = self._values(tube, payload, priority, delay, ttr, key, depends_on)
+        values = self._values(tube, payload, priority, delay, ttr, key, depends_on, group)
         if isinstance(conn, sqlite3.Connection):
             row_id = conn.execute(self._sqlite.insert, values).lastrowid
             assert row_id is not None
@@ -95,16 +102,17 @@ class Outbox:
 
     async def aput(self, conn: psycopg.AsyncConnection[Any], tube: str, payload: Any, *,
                    priority: int = 1024, delay: float = 0.0, ttr: float = 60.0,
-                   key: str | None = None, depends_on: Deps = ()) -> int:
+                   key: str | None = None, depends_on: Deps = (), group: str | None = None
+                   ) -> int:
         """:meth:`put` on a psycopg ``AsyncConnection``."""
-        values = self._values(tube, payload, priority, delay, ttr, key, depends_on)
+        values = self._values(tube, payload, priority, delay, ttr, key, depends_on, group)
         cursor = await conn.execute(self._postgres.insert, values)
         found = await cursor.fetchone()
         assert found is not None
         return int(found[0])
 
     def _values(self, tube: str, payload: Any, priority: int, delay: float, ttr: float,
-                key: str | None, depends_on: Deps) -> tuple[Any, ...]:
+                key: str | None, depends_on: Deps, group: str | None) -> tuple[Any, ...]:
         check_tube(tube)
         body = check_body(encode_body(self.codec, self.context, payload, tube))
         if len(body) > MAX_BODY:
@@ -113,5 +121,7 @@ class Outbox:
                                                       "reference in the job")
         if key is not None:
             check_key(key)
+        if group is not None:
+            check_group(group)
         return (tube, body, check_priority(priority), check_seconds(delay, "delay"),
-                check_seconds(ttr, "ttr"), key, deps_text(depends_on), time.time())
+                check_seconds(ttr, "ttr"), key, deps_text(depends_on), time.time(), group)

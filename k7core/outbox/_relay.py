@@ -38,7 +38,7 @@ def put_row(store: JobStore, row: Row, *, key: str | None, mark: tuple[str, int]
         try:
             return store.put(row.body, tube=row.tube, priority=row.priority, delay=delay,
                              ttr=row.ttr, key=key, depends_on=deps, mark=mark,
-                             remember=remember)
+                             remember=remember, group=row.group)
         except DependencyError:
             deps = [d for d in deps if (store.peek(d) if isinstance(d, int)
                                         else store.find(*d)) is not None]
@@ -46,7 +46,7 @@ def put_row(store: JobStore, row: Row, *, key: str | None, mark: tuple[str, int]
             _skipped(row, exc)
             return None
     return store.put(row.body, tube=row.tube, priority=row.priority, delay=delay,
-                     ttr=row.ttr, key=key, mark=mark, remember=remember)
+                     ttr=row.ttr, key=key, mark=mark, remember=remember, group=row.group)
 
 
 def _skipped(row: Row, exc: Exception) -> None:

@@ -28,7 +28,7 @@ from ..jobs._machine import check_key, check_tube
 DEFAULT_TABLE = "k7_outbox"
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,50}")
 
-COLUMNS = "id, tube, body, priority, delay, ttr, key, depends_on, created_at"
+COLUMNS = "id, tube, body, priority, delay, ttr, key, depends_on, created_at, job_group"
 
 
 class Row(NamedTuple):
@@ -43,6 +43,7 @@ class Row(NamedTuple):
     key: str | None
     depends_on: str | None  # JSON: [id or [tube, key], ...]
     created_at: float
+    group: str | None
 
 
 def row(values: tuple[Any, ...]) -> Row:
@@ -97,13 +98,13 @@ class Sqlite:
             f"CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY KEY AUTOINCREMENT, "
             "tube TEXT NOT NULL, body BLOB NOT NULL, priority INTEGER NOT NULL, "
             "delay REAL NOT NULL, ttr REAL NOT NULL, key TEXT, depends_on TEXT, "
-            "created_at REAL NOT NULL)",
+            "created_at REAL NOT NULL, job_group TEXT)",
             f"CREATE TABLE IF NOT EXISTS {t}_meta (name TEXT NOT NULL)",
             f"INSERT INTO {t}_meta SELECT 'outbox-' || lower(hex(randomblob(8))) "
             f"WHERE NOT EXISTS (SELECT 1 FROM {t}_meta)",
         ]
         self.insert = (f"INSERT INTO {t} (tube, body, priority, delay, ttr, key, depends_on, "
-                       "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+                       "created_at, job_group) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
         self.name = f"SELECT name FROM {t}_meta"
         self.after = f"SELECT {COLUMNS} FROM {t} WHERE id > ? ORDER BY id LIMIT ?"
         self.delete_upto = f"DELETE FROM {t} WHERE id <= ?"
@@ -122,7 +123,7 @@ class Postgres:
             f"CREATE TABLE IF NOT EXISTS {t} (id BIGSERIAL PRIMARY KEY, tube TEXT NOT NULL, "
             "body BYTEA NOT NULL, priority BIGINT NOT NULL, delay DOUBLE PRECISION NOT NULL, "
             "ttr DOUBLE PRECISION NOT NULL, key TEXT, depends_on TEXT, "
-            "created_at DOUBLE PRECISION NOT NULL)",
+            "created_at DOUBLE PRECISION NOT NULL, job_group TEXT)",
             # One name row, even for a create in a REPEATABLE READ transaction whose
             # snapshot misses another's row: the unique column makes that a serialization
             # failure (retry it), not a second name (relays would disagree on keys).
@@ -137,7 +138,8 @@ class Postgres:
             f"FOR EACH STATEMENT EXECUTE FUNCTION {t}_notify()",
         ]
         self.insert = (f"INSERT INTO {t} (tube, body, priority, delay, ttr, key, depends_on, "
-                       "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id")
+                       "created_at, job_group) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                       "RETURNING id")
         self.name = f"SELECT name FROM {t}_meta"
         self.claim = (f"SELECT {COLUMNS} FROM {t} ORDER BY id LIMIT %s "
                       "FOR UPDATE SKIP LOCKED")

@@ -120,6 +120,12 @@ def bury_steps(job: JobView, error: str) -> Steps[int]:
     return new_id
 
 
+def no_store_feature() -> K7Error:
+    """The error of a job store feature asked of a beanstalkd server."""
+    return K7Error("a beanstalkd server has no unique keys, dependencies or job groups",
+                   hint="use them with an in-process k7core.jobs.JobStore")
+
+
 def take_steps(job_id: int, now: Callable[[], float]) -> Steps[JobView]:
     got: ReservedJob = yield calls.reserve_job(job_id)
     st = yield calls.stats_job(job_id)
@@ -128,10 +134,9 @@ def take_steps(job_id: int, now: Callable[[], float]) -> Steps[JobView]:
 
 
 def put_steps(body: bytes, tube: str, priority: int, delay: float, ttr: float,
-              key: str | None, depends_on: Deps) -> Steps[int]:
-    if key is not None or depends_on:
-        raise K7Error("a beanstalkd server has no unique keys or dependencies",
-                      hint="use them with an in-process k7core.jobs.JobStore")
+              key: str | None, depends_on: Deps, group: str | None = None) -> Steps[int]:
+    if key is not None or depends_on or group is not None:
+        raise no_store_feature()
     yield calls.use(tube)
     job_id: int = yield calls.put(body, priority=priority, delay=_seconds(delay),
                                   ttr=max(1, _seconds(ttr)))
@@ -233,8 +238,8 @@ class BeanstalkSource:
             return drive(self._client, steps)
 
     def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
-            key: str | None, depends_on: Deps) -> int:
-        return self._run(put_steps(body, tube, priority, delay, ttr, key, depends_on))
+            key: str | None, depends_on: Deps, group: str | None = None) -> int:
+        return self._run(put_steps(body, tube, priority, delay, ttr, key, depends_on, group))
 
     def buried(self, tube: str, limit: int | None = None) -> list[JobView]:
         return self._run(buried_steps(tube, limit, self._clock))
@@ -244,6 +249,12 @@ class BeanstalkSource:
 
     def counts(self) -> dict[str, dict[str, int]]:
         return self._run(counts_steps())
+
+    def group_progress(self, tube: str, group: str) -> dict[str, int]:
+        raise no_store_feature()
+
+    def forget_group(self, tube: str, group: str) -> bool:
+        raise no_store_feature()
 
     def close(self) -> None:
         self._client.close()

@@ -416,4 +416,32 @@ def retry(source: str, tube: str, every: bool, job_id: int | None, timeout: floa
         click.echo(f"no buried job in tube {tube!r}: nothing retried")
 
 
+# ---------------------------------------------------------------------------------- groups
+
+
+@workers.command()
+@click.argument("store", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("tube", callback=tube_arg)
+@click.argument("group", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the progress as JSON.")
+def progress(store: Path, tube: str, group: str | None, as_json: bool) -> None:
+    """How far the job groups of TUBE are (yoltq's job-group-progress): per group, its
+    live jobs by state and how many are done; GROUP: that group only. STORE is a job
+    store's directory, only read (the workers' process may have it open)."""
+    machine = read_store(store_dir(str(store))).state.machine
+    names = [group] if group is not None else machine.groups(tube)
+    found = {name: machine.group_progress(tube, name) for name in names}
+    if as_json:
+        click.echo(json.dumps(found, indent=2, ensure_ascii=False))
+        return
+    if not found:
+        click.echo(f"no job group in tube {tube!r}")
+        return
+    columns = ["ready", "delayed", "reserved", "buried", "waiting", "done"]
+    table = Table("group", *columns, title=f"tube {escape(tube)}")
+    for name, counts in found.items():
+        table.add_row(escape(name), *(f"{counts[c]:,}" for c in columns))
+    Console(width=max(100, shutil.get_terminal_size().columns)).print(table)
+
+
 __all__ = ["workers"]

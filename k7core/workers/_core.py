@@ -167,8 +167,8 @@ class Core(Generic[F]):
         return self.defaults if consumer is None else consumer.options
 
     def put_args(self, tube: str, payload: Any, priority: int | None, delay: float,
-                 ttr: float | None, key: str | None, depends_on: Deps | None
-                 ) -> tuple[bytes, dict[str, Any]]:
+                 ttr: float | None, key: str | None, depends_on: Deps | None,
+                 group: str | None = None) -> tuple[bytes, dict[str, Any]]:
         """The body and the keyword arguments of a source's put."""
         o = self.options(tube)
         body = encode_body(o.codec, o.context, payload, tube)
@@ -177,7 +177,7 @@ class Core(Generic[F]):
         return body, {
             "tube": tube, "priority": o.priority if priority is None else priority,
             "delay": delay, "ttr": o.ttr if ttr is None else ttr, "key": key,
-            "depends_on": tuple(depends_on),
+            "depends_on": tuple(depends_on), "group": group,
         }
 
     # --- running a job ----------------------------------------------------------------

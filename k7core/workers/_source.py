@@ -60,12 +60,15 @@ class Session(Protocol):
 class Source(Protocol):
     def session(self) -> Session: ...
     def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
-            key: str | None, depends_on: Deps) -> int: ...
+            key: str | None, depends_on: Deps, group: str | None = None) -> int: ...
     def buried(self, tube: str, limit: int | None = None) -> list[JobView]:
         """The buried jobs of ``tube`` (the first ``limit``), oldest buried first."""
     def kick(self, tube: str, bound: int) -> int: ...
     def counts(self) -> dict[str, dict[str, int]]:
         """Per tube, live jobs by state."""
+    def group_progress(self, tube: str, group: str) -> dict[str, int]:
+        """A job group's live jobs by state, and ``done``."""
+    def forget_group(self, tube: str, group: str) -> bool: ...
     def close(self) -> None: ...
 
 
@@ -124,9 +127,9 @@ class StoreSource:
         return StoreSession(self.store.owner())
 
     def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
-            key: str | None, depends_on: Deps) -> int:
+            key: str | None, depends_on: Deps, group: str | None = None) -> int:
         return self.store.put(body, tube=tube, priority=priority, delay=delay, ttr=ttr,
-                              key=key, depends_on=depends_on)
+                              key=key, depends_on=depends_on, group=group)
 
     def buried(self, tube: str, limit: int | None = None) -> list[JobView]:
         return [view(j) for j in self.store.errors(tube)[:limit]]
@@ -136,6 +139,12 @@ class StoreSource:
 
     def counts(self) -> dict[str, dict[str, int]]:
         return store_counts(self.store)
+
+    def group_progress(self, tube: str, group: str) -> dict[str, int]:
+        return self.store.group_progress(tube, group)
+
+    def forget_group(self, tube: str, group: str) -> bool:
+        return self.store.forget_group(tube, group)
 
     def close(self) -> None:
         pass
@@ -210,13 +219,14 @@ class MemorySource:
         return MemorySession(self)
 
     def put(self, body: bytes, *, tube: str, priority: int, delay: float, ttr: float,
-            key: str | None, depends_on: Deps) -> int:
-        plan = self.machine.check_put(tube, body, priority, delay, ttr, key, depends_on,
-                                      self.clock())
+            key: str | None, depends_on: Deps, group: str | None = None) -> int:
+        m = self.machine
+        plan = m.check_put(tube, body, priority, delay, ttr, key, depends_on, self.clock())
+        m.check_extras(key, None, False, group)
         if isinstance(plan, int):
             return plan
         job_id = next(self._ids)
-        self.machine.apply_put(job_id, plan)
+        m.apply_put_with(job_id, plan, None, False, group)
         return job_id
 
     def buried(self, tube: str, limit: int | None = None) -> list[JobView]:
@@ -231,6 +241,15 @@ class MemorySource:
     def counts(self) -> dict[str, dict[str, int]]:
         self.machine.advance(self.clock())
         return {t: _counts(self.machine.counts(t)) for t in sorted(self.machine.tubes())}
+
+    def group_progress(self, tube: str, group: str) -> dict[str, int]:
+        self.machine.advance(self.clock())
+        return self.machine.group_progress(tube, group)
+
+    def forget_group(self, tube: str, group: str) -> bool:
+        found = self.machine.check_forget_group(tube, group)
+        self.machine.apply_forget_group(tube, group)
+        return found
 
     def close(self) -> None:
         pass

@@ -145,13 +145,15 @@ class Worker(Resource):
 
     def put(self, tube: str, payload: Any, *, priority: int | None = None,
             delay: float = 0.0, ttr: float | None = None, key: str | None = None,
-            depends_on: Deps | None = None) -> int:
+            depends_on: Deps | None = None, group: str | None = None) -> int:
         """Put a job: ``payload`` encoded with the tube's codec, the tube's context
         variables captured. ``key``: unique among the tube's live jobs (a put with a taken
         key returns that job's id). ``depends_on``: ids or ``(tube, key)`` pairs (default:
-        the tube's ``depends_on`` function of the payload). Returns the job's id."""
+        the tube's ``depends_on`` function of the payload). ``group``: the job group it
+        joins (:meth:`group_progress`). Returns the job's id."""
         self._check_open()
-        body, args = self._core.put_args(tube, payload, priority, delay, ttr, key, depends_on)
+        body, args = self._core.put_args(tube, payload, priority, delay, ttr, key, depends_on,
+                                         group)
         return self._source.put(body, **args)
 
     # --- running ----------------------------------------------------------------------
@@ -338,6 +340,16 @@ class Worker(Resource):
     def stats(self) -> dict[str, dict[str, int]]:
         """Per tube, live jobs by state (yoltq's ``queue-stats``)."""
         return self._source.counts()
+
+    def group_progress(self, tube: str, group: str) -> dict[str, int]:
+        """How far job group ``group`` of ``tube`` is (yoltq's ``job-group-progress``): its
+        live jobs per state and ``done``, how many of its jobs finished (the job store
+        counts them until :meth:`forget_group`)."""
+        return self._source.group_progress(tube, group)
+
+    def forget_group(self, tube: str, group: str) -> bool:
+        """Drop the job store's count of a group (its live jobs stay); False if unknown."""
+        return self._source.forget_group(tube, group)
 
     def retry_stats(self) -> dict[str, dict[str, float]]:
         """Per tube since start: ok, retried_ok, failures, buried, deferred and

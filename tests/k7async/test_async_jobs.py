@@ -3,6 +3,7 @@ batched (one msync wait per batch under ``"sync"``), and reserves that wait in a
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import anyio
@@ -150,3 +151,30 @@ async def test_a_relay_puts_with_marks_and_remembered_keys(tmp_path: Path) -> No
         assert reopened.remembered("out", "row-") == sorted(
             f"row-{p}" for p in range(1, 31) if p not in (5, 6))
         assert reopened.put(b"x", tube="out", key="row-7") == rows[7]
+
+
+async def test_groups_through_the_async_store(tmp_path: Path) -> None:
+    """Puts of many tasks into a group (gathered in commands with plain puts); progress and
+    forget through the owner thread; a bad group fails only its own put."""
+    async with k7async.open_jobs(tmp_path / "s") as store:
+
+        async def campaign(n: int) -> None:
+            for i in range(n):
+                await store.put(b"mail %d" % i, tube="mail", group="campaign/1")
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(campaign, 10)
+            tg.start_soon(functools.partial(store.put, b"plain", tube="mail", priority=2000))
+        with pytest.raises(jobs.InvalidJobError, match="group"):
+            await store.put(b"bad", tube="mail", group="")
+        async with store.owner() as me:
+            for _ in range(4):
+                job = await me.reserve(["mail"], timeout=0)
+                assert job is not None
+                await me.delete(job.id)
+        progress = await store.group_progress("mail", "campaign/1")
+        assert progress == {"ready": 26, "delayed": 0, "reserved": 0, "buried": 0,
+                            "waiting": 0, "done": 4}
+        assert await store.forget_group("mail", "campaign/1") is True
+        assert (await store.group_progress("mail", "campaign/1"))["ready"] == 0

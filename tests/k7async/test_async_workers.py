@@ -155,3 +155,33 @@ async def test_a_slow_job_is_logged_with_its_task_stack(tmp_path: Path,
         logging.getLogger("k7core.workers").removeHandler(handler)
     [msg] = [r.getMessage() for r in caplog.records if "max_execute_time" in r.getMessage()]
     assert "in waits_in_here" in msg and "sleep_forever" in msg
+
+
+async def test_group_progress_in_the_test_mode_and_over_a_store(tmp_path: Path) -> None:
+    zero = {"ready": 0, "delayed": 0, "reserved": 0, "buried": 0, "waiting": 0, "done": 0}
+    async with k7async.AsyncWorker(MemorySource()) as w:
+        w.consumer("mail", _noop)
+        for i in range(3):
+            await w.put("mail", i, group="campaign")
+        await w.consume("mail")
+        assert await w.group_progress("mail", "campaign") == zero | {"ready": 2, "done": 1}
+        assert await w.forget_group("mail", "campaign") is True
+        assert await w.forget_group("mail", "campaign") is False
+    n = 200
+    done = anyio.Event()
+    async with k7async.open_jobs(tmp_path / "j") as store:
+        async with k7async.AsyncWorker(store) as w:
+            @w.consumer("t", concurrency=2)
+            async def c(p: int) -> None:
+                if p == n - 1:
+                    done.set()
+
+            for i in range(n):
+                await w.put("t", i, group="g", priority=i)
+            with anyio.fail_after(60):
+                await done.wait()
+        assert await store.group_progress("t", "g") == zero | {"done": n}  # all deleted
+
+
+async def _noop(p: object) -> None:
+    pass

@@ -88,12 +88,20 @@ def test_a_job_given_up_is_buried_with_every_error_and_can_be_retried(
     w.close()
 
 
-def test_keys_and_dependencies_are_refused_with_a_reason(server: ServerProcess) -> None:
+def test_keys_dependencies_and_groups_are_refused_with_a_reason(server: ServerProcess
+                                                                ) -> None:
     with Worker(address(server)) as w:
         with pytest.raises(K7Error, match="no unique keys"):
             w.put("t", 1, key="k")
         with pytest.raises(K7Error, match="no unique keys"):
             w.put("t", 1, depends_on=[1])
+        with pytest.raises(K7Error, match="job groups"):
+            w.put("t", 1, group="g")
+        with pytest.raises(K7Error, match="job groups"):
+            w.group_progress("t", "g")
+        with pytest.raises(K7Error, match="job groups"):
+            w.forget_group("t", "g")
+        assert w.stats() == {}  # nothing was put
 
 
 def test_a_killed_worker_process_releases_its_job_at_once(server: ServerProcess,

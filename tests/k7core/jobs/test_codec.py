@@ -13,6 +13,7 @@ from k7core.jobs._codec import (
     encode_bury,
     encode_delete,
     encode_forget,
+    encode_forget_group,
     encode_kick,
     encode_mark,
     encode_put,
@@ -181,12 +182,63 @@ def test_relay_record_layouts() -> None:
         b"\x09\x02tb" + struct.pack("<H", 1) + b"a" + struct.pack("<H", 3) + "bé".encode())
 
 
+def test_groups_replay_and_load() -> None:
+    """A group's live jobs and done count survive the journal and a snapshot; a forget
+    drops both."""
+    m = JobMachine()
+    journal: list[tuple[int, bytes]] = []
+
+    def put(tube: str, group: str | None) -> int:
+        plan = m.check_put(tube, b"x", 1, 0, 1, None, (), NOW)
+        assert not isinstance(plan, int)
+        offset = 100 * len(journal)
+        journal.append((offset, encode_put_with(plan, None, False, group)))
+        m.apply_put_with(offset + 1, plan, None, False, group)
+        return offset + 1
+
+    def delete(job_id: int) -> None:
+        journal.append((100 * len(journal), encode_delete(job_id)))
+        m.apply_delete(job_id)
+
+    ids = [put("t", "mail/42") for _ in range(4)]
+    other = put("t", "é")
+    put("u", "mail/42")  # same name, another tube: another group
+    put("t", None)
+    delete(ids[0])
+    delete(ids[1])
+    delete(other)
+    m.reserve("w", ["t"], NOW)  # ids[2]: reserved (ready after a restart)
+    assert m.group_progress("t", "mail/42") == {
+        "ready": 1, "delayed": 0, "reserved": 1, "buried": 0, "waiting": 0, "done": 2}
+    assert m.groups("t") == ["mail/42", "é"] and m.groups("u") == ["mail/42"]
+    journal.append((100 * len(journal), encode_forget_group("t", "é")))
+    m.apply_forget_group("t", "é")
+
+    def progress(x: JobMachine) -> list[dict[str, int]]:
+        return [x.group_progress(t, g) for t, g in
+                [("t", "mail/42"), ("u", "mail/42"), ("t", "é"), ("t", "none")]]
+
+    expected = progress(m)
+    expected[0] = expected[0] | {"ready": 2, "reserved": 0}
+    assert expected[2] == expected[3] == dict.fromkeys(expected[3], 0)
+    again = JobMachine()
+    for offset, record in journal:
+        replay(again, record, offset)
+    assert progress(again) == expected
+    assert progress(load_snapshot(dump_snapshot(again))) == expected
+    assert encode_put_with(("t", 1, 0.0, 1.0, 0.0, 0.0, None, (), b""), None, False, "g")[
+        :5] == b"\x07\x04" + struct.pack("<H", 1) + b"g"
+    assert encode_forget_group("tb", "gé") == b"\x0a\x02tb" + "gé".encode()
+
+
 @pytest.mark.parametrize("record", [
     b"", b"\x0a", b"\x09", b"\x02\x00", b"\x02" + bytes(9), b"\x03" + bytes(5), b"\x04" + bytes(3),
     encode_put("tube", 1, 0, 1, 0, 0, "key", (), b"")[:48],
     encode_put("tube", 1, 0, 1, 0, 0, None, (1, 2), b"")[:-3],
     encode_bury(1, 1, None)[:-1] + b"\x01\xff",
-    b"\x07\x04" + encode_put("t", 1, 0, 1, 0, 0, "k", (), b""),  # an unknown flag
+    b"\x07\x08" + encode_put("t", 1, 0, 1, 0, 0, "k", (), b""),  # an unknown flag
+    b"\x07\x04" + struct.pack("<H", 9) + b"g",  # a group cut short
+    b"\x0a\x05tub",  # FORGET_GROUP cut short
     b"\x07\x02" + encode_put("t", 1, 0, 1, 0, 0, None, (), b""),  # remember, no key
     b"\x07\x01" + struct.pack("<H", 5) + b"ab",  # a mark cut short
     b"\x07\x00" + encode_delete(1),  # not a PUT inside
@@ -245,7 +297,7 @@ def test_damaged_snapshots_are_reported(where: int) -> None:
 def test_truncated_or_foreign_snapshots_are_reported() -> None:
     m, _ = journaled_machine()
     data = b"".join(dump_snapshot(m))
-    for bad in (data[:-1], data[:10], b"", b"hello" * 10, data[:8] + b"\x03" + data[9:]):
+    for bad in (data[:-1], data[:10], b"", b"hello" * 10, data[:8] + b"\x09" + data[9:]):
         with pytest.raises(CorruptJobDataError):
             load_snapshot(bad)
 

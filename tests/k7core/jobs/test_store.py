@@ -244,6 +244,9 @@ CALLS: dict[str, dict[str, Call]] = {
         "mark": lambda s: s.store.mark("relay"),
         "forget": lambda s: s.store.forget("default", ["k"]),
         "remembered": lambda s: s.store.remembered("default"),
+        "group_progress": lambda s: s.store.group_progress("default", "g"),
+        "groups": lambda s: s.store.groups("default"),
+        "forget_group": lambda s: s.store.forget_group("default", "g"),
         "delete": lambda s: s.store.delete(s.ready),
         "kick": lambda s: s.store.kick("default", 1),
         "kick_job": lambda s: s.store.kick_job(s.buried),
@@ -411,6 +414,12 @@ BAD: dict[str, Call] = {
     "forget bad key": lambda s: s.store.forget("default", ["k", 5]),  # type: ignore[list-item]
     "remembered bad tube": lambda s: s.store.remembered(""),
     "remembered bad prefix": lambda s: s.store.remembered("default", 5),  # type: ignore[arg-type]
+    "group ''": lambda s: s.store.put(b"x", group=""),
+    "group not a str": lambda s: s.store.put(b"x", group=5),  # type: ignore[arg-type]
+    "group of 1025 bytes": lambda s: s.store.put(b"x", group="g" * 1025),
+    "group_progress bad tube": lambda s: s.store.group_progress("a b", "g"),
+    "group_progress bad group": lambda s: s.store.group_progress("default", ""),
+    "forget_group bad group": lambda s: s.store.forget_group("default", "\ud800"),
     "release priority -1": lambda s: s.me.release(s.reserved, priority=-1),
     "release delay -1": lambda s: s.me.release(s.reserved, delay=-1),
     "release error of 4097": lambda s: s.me.release(s.reserved, error="e" * 4097),

@@ -244,6 +244,9 @@ BAD_PUTS: dict[str, dict[str, Any]] = {
     "payload not JSON": {"payload": object()},
     "payload a function": {"payload": no_json},
     "payload too large": {"payload": "x" * MAX_BODY},
+    "group ''": {"group": ""},
+    "group not a str": {"group": 7},
+    "group too long": {"group": "g" * 1025},
 }
 
 
@@ -347,6 +350,26 @@ def test_depends_on_ids_and_keys(app: App, store: JobStore) -> None:
     assert b is not None and b.state is JobState.WAITING, "it still waits for the direct job"
     store.delete(direct)
     assert payloads(store) == ["b"]
+
+
+def test_groups_reach_the_store(app: App, store: JobStore) -> None:
+    """yoltq's example: a campaign's mails put in the transaction, its progress in the
+    store once relayed."""
+    box = setup(app)
+    for to in range(5):
+        box.put(app.conn, TUBE, {"to": to}, group="campaign/42")
+    box.put(app.conn, TUBE, {"to": "other"}, group="campaign/7")
+    box.put(app.conn, TUBE, {"to": "none"})
+    app.commit()
+    with closing(app.relay(store)) as relay:
+        assert relay_all(relay) == 7
+    assert store.groups(TUBE) == ["campaign/42", "campaign/7"]
+    assert store.group_progress(TUBE, "campaign/42")["ready"] == 5
+    job = store.peek_ready(TUBE)
+    assert job is not None
+    store.delete(job.id)
+    progress = store.group_progress(TUBE, "campaign/42")
+    assert (progress["ready"], progress["done"]) == (4, 1)
 
 
 def test_delay_counts_from_the_put(app: App, store: JobStore) -> None:

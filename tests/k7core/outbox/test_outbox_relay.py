@@ -282,10 +282,11 @@ def test_a_missing_outbox_is_a_clear_error(app: App, store: JobStore, tmp_path: 
 
 
 def raw_insert(app: App, tube: Any, body: Any, *, priority: Any = 1024, delay: Any = 0.0,
-               ttr: Any = 60.0, key: Any = None, depends_on: Any = None) -> None:
+               ttr: Any = 60.0, key: Any = None, depends_on: Any = None, group: Any = None
+               ) -> None:
     app.execute(f"INSERT INTO {app.table} (tube, body, priority, delay, ttr, key, depends_on, "
-                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (tube, body, priority, delay, ttr, key, depends_on, time.time()))
+                "created_at, job_group) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (tube, body, priority, delay, ttr, key, depends_on, time.time(), group))
 
 
 def test_rows_the_store_refuses_are_skipped_and_logged(app: App, store: JobStore,
@@ -303,6 +304,8 @@ def test_rows_the_store_refuses_are_skipped_and_logged(app: App, store: JobStore
         {"depends_on": "[1.5]"},
         {"depends_on": '[["", "k"]]'},
         {"depends_on": '{"a": 1}'},
+        {"group": ""},
+        {"group": "g" * 1025},
     ]
     if app.kind == "sqlite":  # SQLite keeps any type in any column
         bad += [{"body": "a str"}, {"priority": "high"}, {"delay": "soon"}, {"ttr": "long"}]

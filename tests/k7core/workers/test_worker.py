@@ -224,6 +224,42 @@ def test_keys_and_dependencies_from_the_put_api(w: Worker) -> None:
         w.put("b", "b2", depends_on=[("a", "missing")])
 
 
+def test_group_progress_follows_a_campaign(w: Worker, clock: ManualClock) -> None:
+    """yoltq's job groups: progress of one marketeer's mails, not of every mail."""
+
+    @w.consumer("mail", max_retries=1)
+    def send(p: dict[str, Any]) -> None:
+        if p["to"] == "bad":
+            raise OSError("no such mailbox")
+
+    for to in ["a", "b", "bad", "c"]:
+        w.put("mail", {"to": to}, group="campaign/42")
+    w.put("mail", {"to": "x"}, group="campaign/7")
+    w.put("mail", {"to": "later"}, group="campaign/42", delay=60)
+    zero = {"ready": 0, "delayed": 0, "reserved": 0, "buried": 0, "waiting": 0, "done": 0}
+    assert w.group_progress("mail", "campaign/42") == zero | {"ready": 4, "delayed": 1}
+    for _ in range(2):
+        w.consume("mail")
+    with pytest.raises(OSError, match="no such mailbox"):
+        w.consume("mail")
+    assert w.group_progress("mail", "campaign/42") == zero | {
+        "ready": 1, "delayed": 2, "done": 2}  # the failed one waits for its retry
+    clock.advance(60)
+    failures = 0
+    for _ in range(4):  # c, bad (buried now), x (of campaign/7), later
+        try:
+            w.consume("mail")
+        except OSError:
+            failures += 1
+    assert failures == 1
+    assert w.group_progress("mail", "campaign/42") == zero | {"buried": 1, "done": 4}
+    assert w.group_progress("mail", "campaign/7") == zero | {"done": 1}
+    assert w.forget_group("mail", "campaign/42") is True
+    assert w.group_progress("mail", "campaign/42") == zero
+    with pytest.raises(K7Error, match="group"):
+        w.put("mail", {"to": "y"}, group="")
+
+
 def test_retry_one_error_runs_a_buried_job_now_and_returns_or_raises(w: Worker) -> None:
     state = {"broken": True}
 
@@ -353,6 +389,26 @@ def test_stop_releases_a_job_still_running_at_once(store: JobStore) -> None:
     job = store.peek(job_id)
     assert job is not None and job.state == "ready" and job.timeouts == 0
     release.set()
+
+
+def test_group_progress_over_a_store_counts_what_threads_did(store: JobStore) -> None:
+    n = 300
+    done = threading.Event()
+    w = Worker(store)
+
+    @w.consumer("t", concurrency=3)
+    def c(p: int) -> None:
+        if p == n - 1:
+            done.set()
+
+    with w:
+        for i in range(n):
+            w.put("t", i, group="g", priority=i)  # the last put runs last
+        assert done.wait(60)
+        w.stop()
+        progress = w.group_progress("t", "g")
+    assert progress == store.group_progress("t", "g")
+    assert progress["done"] == n and sum(progress.values()) == n
 
 
 def test_a_consumer_added_to_a_running_worker_starts(store: JobStore) -> None:

@@ -280,6 +280,30 @@ def test_errors_and_retry_on_a_store_directory(tmp_path: Path) -> None:
     assert "Invalid value for 'TUBE'" in failed(run("errors", d, "bad tube!"), 2)
 
 
+def test_progress_reads_the_groups_of_a_live_store(tmp_path: Path) -> None:
+    d = tmp_path / "jobs"
+    with JobStore(d) as store, Worker(store) as w:
+        for i in range(3):
+            w.put("mail", {"n": i}, group="campaign/42")
+        w.put("mail", {"n": "x"}, group="Ωmega")
+        job = store.peek_ready("mail")
+        assert job is not None
+        store.delete(job.id)
+        found = json.loads(ok(run("progress", d, "mail", "--json")))  # the store is open
+        assert found == {
+            "campaign/42": {"ready": 2, "delayed": 0, "reserved": 0, "buried": 0,
+                            "waiting": 0, "done": 1},
+            "Ωmega": {"ready": 1, "delayed": 0, "reserved": 0, "buried": 0, "waiting": 0,
+                      "done": 0}}
+    table = ok(run("progress", d, "mail"))
+    assert "campaign/42" in table and "Ωmega" in table and "done" in table
+    one = json.loads(ok(run("progress", d, "mail", "campaign/42", "--json")))
+    assert list(one) == ["campaign/42"] and one["campaign/42"]["done"] == 1
+    assert ok(run("progress", d, "other")) == "no job group in tube 'other'\n"
+    assert "group '' is not valid" in failed(run("progress", d, "mail", ""))
+    assert "is not a k7 job store" in failed(run("progress", tmp_path, "mail"))
+
+
 @pytest.fixture(params=["k7", "beanstalkd"])
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServerProcess]:
     with serving(request.param, tmp_path / "store") as proc:

@@ -19,6 +19,21 @@ from ._sql import Row, deps_of
 
 log = logging.getLogger("k7core.outbox")
 
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+SQLITE_SCHEME = "sqlite:"
+
+
+def is_postgres(source: str) -> bool:
+    """Whether ``source`` names a PostgreSQL database (else a SQLite file)."""
+    return source.startswith(POSTGRES_SCHEMES)
+
+
+def sqlite_path(source: str) -> str:
+    """The SQLite file ``source`` names (a path, ``sqlite:PATH`` or ``sqlite:///PATH``)."""
+    path = source.removeprefix(SQLITE_SCHEME)
+    return path[2:] if path.startswith("//") else path
+
+
 RETRY_CAP = 30.0
 """The longest wait, in seconds, between attempts after a relay's database or store failed."""
 

@@ -5,7 +5,8 @@ beanstalkd has no unique keys or marks, so the relay keeps its own record,
 outbox's park delay, more than 131 years: no consumer can reserve it) until its id is
 recorded; only then is the job made live. A batch:
 
-(a) probe the server's highest job id (a put and delete in tube :data:`PROBE_TUBE`), insert
+(a) probe the server's highest job id (a parked put, deleted at once, in the outbox's tube
+    :data:`PROBE_TUBE`), insert
     the rows into ``<table>_sent`` with that id as their ``floor``, commit;
 (b) put each row's job parked, in its tube, with its priority and ttr;
 (c) record the job ids, commit;
@@ -41,18 +42,17 @@ from ..beanstalk import Client, JobNotFoundError, JobTooBigError, Stats, calls, 
 from ..jobs._errors import InvalidJobError
 from ._postgres import driver, listen, wait_notified
 from ._relay import Relay, is_postgres, log, sqlite_path
-from ._sql import DEFAULT_TABLE, Sent, row
+from ._sql import DEFAULT_TABLE, Row, Sent, row
 from ._sqlite import data_version, wait_version
 
 if TYPE_CHECKING:
     import psycopg
 
-    from ._sql import Row
-
 LIVE_MAX = calls.MAX_U32 - (1 << 24)
 """The longest delay a relayed job gets (seconds, over 131 years); park delays are above."""
-PROBE_TUBE = "k7-outbox-probe"
-"""The tube of the put (deleted at once) that tells the relay the server's highest id."""
+PROBE_TUBE = "k7-probe-{name}"
+"""The tube of the puts (deleted at once) that tell the relay the server's highest id, one
+per outbox (``name``: the outbox's); a relay deletes what a failed one left there."""
 SCAN_LIMIT = 100_000
 """The most job ids a recovery looks at for parked jobs whose ids were not recorded (on
 ``k7 serve`` ids are journal offsets, so this covers about 100 KB of its journal); a row
@@ -205,6 +205,8 @@ class BeanstalkRelay(Relay):
         self._client: Client | None = None
         self._park = 0
         self._used = ""
+        self._probe_tube = ""
+        self._swept = False
 
     def __repr__(self) -> str:
         return f"<BeanstalkRelay {self._db.sql.table} -> {self.address}>"
@@ -227,7 +229,9 @@ class BeanstalkRelay(Relay):
                 raise FileNotFoundError(f"outbox {db.sql.table!r} has no name row; create "
                                         "it with Outbox.create")
             self._park = park_delay(found[0][0])
+            self._probe_tube = PROBE_TUBE.format(name=found[0][0])
             self._client, self._used = Client(self.address, timeout=TIMEOUT), "default"
+            self._swept = False
         return self._client
 
     def _disconnect(self) -> None:
@@ -250,6 +254,8 @@ class BeanstalkRelay(Relay):
             db, sql = self._db, self._db.sql
             if not db.turn():
                 return 0  # another relay of this outbox moves its rows
+            if not self._swept:
+                self._sweep_probes(client)
             done = self._recover(client)
             rows = [row(r) for r in db.query(sql.first, (self.batch,))]
             if not rows:
@@ -292,9 +298,18 @@ class BeanstalkRelay(Relay):
             client.use(tube)
             self._used = tube
 
+    def _sweep_probes(self, client: Client) -> None:
+        """Delete the probe jobs a relay that failed left parked."""
+        self._use(client, self._probe_tube)
+        while (job := client.peek_delayed()) is not None:
+            log.warning("%s: deleted probe job %d a failed relay left", self, job.id)
+            with suppress(JobNotFoundError):
+                client.delete(job.id)
+        self._swept = True
+
     def _top(self, client: Client) -> int:
         """The server's highest job id now (a put and delete in :data:`PROBE_TUBE`)."""
-        self._use(client, PROBE_TUBE)
+        self._use(client, self._probe_tube)
         job_id = client.put(b"", delay=self._park)
         client.delete(job_id)
         return job_id

@@ -1,0 +1,177 @@
+"""The outbox relayed into beanstalkd servers (Debian's beanstalkd and ``k7 serve``), from
+SQLite and PostgreSQL: committed rows arrive once as jobs, delays are kept, rows a
+beanstalkd cannot take are skipped, one relay of an outbox moves rows at a time, and a
+relay SIGKILLed at each step of a batch (and of the recovery after one) leaves each row
+exactly once in the server and no parked job behind."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+from contextlib import closing
+from typing import Any
+
+import pytest
+
+from k7core.beanstalk import Client, TubeNotFoundError
+from k7core.outbox import BeanstalkRelay, relay
+from tests._childproc import Child
+from tests._queuehelp import K7
+from tests.k7async.server._servers import SERVERS, ServerProcess, address, served
+from tests.k7core.outbox._outboxhelp import TUBE, App, counted, relay_all, setup
+
+CHILD = "tests.k7core.outbox._outboxchild"
+
+
+server = pytest.fixture(params=SERVERS)(served)
+
+
+def take(server: ServerProcess, n: int, timeout: int = 10) -> list[Any]:
+    """The payloads of the next ``n`` jobs of TUBE (waiting up to ``timeout`` s for
+    each), reserved and deleted."""
+    out: list[Any] = []
+    with Client(address(server), timeout=10) as c:
+        c.watch(TUBE)
+        c.ignore("default")
+        for _ in range(n):
+            job = c.reserve(timeout)
+            assert job is not None, f"only {out} came"
+            out.append(json.loads(job.body))
+            c.delete(job.id)
+    return out
+
+
+def jobs_left(server: ServerProcess) -> dict[str, dict[str, int]]:
+    """The tubes holding jobs, with their counts by state (parked jobs count as delayed)."""
+    out = {}
+    with Client(address(server), timeout=10) as c:
+        for tube in c.list_tubes():
+            try:
+                st = c.stats_tube(tube)
+            except TubeNotFoundError:
+                continue
+            n = {s: int(st[f"current-jobs-{s}"]) for s in ("ready", "delayed", "reserved",
+                                                           "buried")}
+            if any(n.values()):
+                out[tube] = n
+    return out
+
+
+def test_committed_rows_arrive_once_and_rows_with_keys_are_skipped(
+        app: App, server: ServerProcess, caplog: pytest.LogCaptureFixture) -> None:
+    box = setup(app)
+    for n in range(5):
+        box.put(app.conn, TUBE, {"n": n}, priority=10 + n, ttr=30)
+    app.commit()
+    box.put(app.conn, TUBE, {"n": "rolled back"})
+    app.rollback()
+    box.put(app.conn, TUBE, {"n": "keyed"}, key="k")
+    box.put(app.conn, TUBE, {"n": "dependent"}, depends_on=[1])
+    app.commit()
+    r = relay(app.where, address(server), batch=2)
+    assert isinstance(r, BeanstalkRelay)
+    with closing(r), caplog.at_level(logging.ERROR, "k7core.outbox"):
+        assert relay_all(r) == 7
+    assert (r.relayed, r.skipped) == (5, 2)
+    assert "has a key" in caplog.text and "has dependencies" in caplog.text
+    with Client(address(server), timeout=10) as c:
+        c.use(TUBE)
+        first = c.peek_ready()
+        assert first is not None
+        st = c.stats_job(first.id)
+        assert (st["state"], st["pri"], st["ttr"]) == ("ready", 10, 30)
+    assert take(server, 5, timeout=0) == [{"n": n} for n in range(5)]  # by priority
+    assert jobs_left(server) == {}
+    app.rollback()
+    assert app.count() == 0 and app.count(f"{app.table}_sent") == 0
+
+
+def test_delays_are_kept(app: App, server: ServerProcess) -> None:
+    box = setup(app)
+    box.put(app.conn, TUBE, {"n": "later"}, delay=1)
+    box.put(app.conn, TUBE, {"n": "now"})
+    app.commit()
+    with closing(BeanstalkRelay(app.where, address(server))) as r:
+        assert relay_all(r) == 2
+    counts = jobs_left(server)[TUBE]
+    assert (counts["ready"], counts["delayed"]) == (1, 1)
+    assert take(server, 1, timeout=0) == [{"n": "now"}]
+    with Client(address(server), timeout=10) as c:
+        c.use(TUBE)
+        delayed = c.peek_delayed()
+        assert delayed is not None
+        assert int(c.stats_job(delayed.id)["delay"]) <= 1  # not parked: what the row had left
+    assert take(server, 1, timeout=5) == [{"n": "later"}]
+
+
+def test_one_relay_of_an_outbox_moves_rows_at_a_time(app: App, server: ServerProcess) -> None:
+    box = setup(app)
+    first = BeanstalkRelay(app.where, address(server))
+    second = BeanstalkRelay(app.where, address(server))
+    with closing(first), closing(second):
+        assert first.relay_once() == 0  # its turn: it holds the lock from now on
+        box.put(app.conn, TUBE, {"n": 1})
+        app.commit()
+        assert second.relay_once() == 0  # waits its turn
+        assert app.count() == 1
+        assert first.relay_once() == 1
+        first.close()
+        box.put(app.conn, TUBE, {"n": 2})
+        app.commit()
+        assert second.relay_once() == 1
+    assert take(server, 2, timeout=0) == [{"n": 1}, {"n": 2}]
+
+
+ROWS = [{"n": n, "delay": 1 if n in (2, 5) else 0} for n in range(7)]
+KILLS = [  # the children's deaths, one after the other, before a last relay drains
+    ["put-after:1"],  # the probe put: a parked job in the probe tube, no intent yet
+    ["put-after:3"],  # the second row's job put, its id not recorded
+    ["kick-job-before:1"],  # the ids recorded, no job live
+    ["reserve-job-after:1"],  # a delayed row's job reserved: ready early, still once
+    ["release-after:1"],  # jobs live (ready, delayed), the rows not deleted yet
+    ["put-after:3", "peek-after:1"],  # killed again in the recovery, while adopting
+]
+
+
+@pytest.mark.parametrize("kills", KILLS, ids=["+".join(k) for k in KILLS])
+def test_a_relay_killed_at_each_step_leaves_each_row_once(
+        app: App, server: ServerProcess, kills: list[str]) -> None:
+    box = setup(app)
+    for values in ROWS:
+        box.put(app.conn, TUBE, values, delay=values["delay"])
+    app.commit()
+    for kill in kills:
+        with Child("beanstalk", app.kind, app.where, address(server), "3", kill,
+                   program=CHILD) as child:
+            assert child.line() == b"ready"
+            child.wait()
+            assert child.proc.returncode == -signal.SIGKILL, (kill, child.stderr())
+    with closing(BeanstalkRelay(app.where, address(server), batch=3)) as r:
+        relay_all(r)
+    got = take(server, len(ROWS))
+    assert counted(got) == counted(ROWS)
+    assert jobs_left(server) == {}  # no parked job was left behind
+    app.rollback()
+    assert app.count() == 0 and app.count(f"{app.table}_sent") == 0
+
+
+def test_the_command_line_relays_into_a_server(app: App, server: ServerProcess) -> None:
+    box = setup(app)
+    for n in range(3):
+        box.put(app.conn, TUBE, {"n": n})
+    app.commit()
+    proc = subprocess.Popen([str(K7), "outbox", "relay", app.where, address(server)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith(b"relaying k7_outbox to beanstalk://")
+        assert take(server, 3) == [{"n": n} for n in range(3)]
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err
+    assert out == b"stopped: 3 jobs relayed\n"

@@ -218,16 +218,15 @@ class BeanstalkRelay(Relay):
         server, once connected."""
         if self._client is None:
             db = self._db
-            db.connect()
-            db.write([(db.sql.create, [()])])
             try:
                 found = db.query(db.sql.name)
             except sqlite3.OperationalError as exc:
-                raise FileNotFoundError(f"{db.sql.table!r} is no outbox ({exc}); create it "
-                                        "with Outbox.create") from exc
+                raise FileNotFoundError(f"the database has no outbox {db.sql.table!r} "
+                                        f"({exc}); create it with Outbox.create") from exc
             if not found:
                 raise FileNotFoundError(f"outbox {db.sql.table!r} has no name row; create "
                                         "it with Outbox.create")
+            db.write([(db.sql.create, [()])])
             self._park = park_delay(found[0][0])
             self._probe_tube = PROBE_TUBE.format(name=found[0][0])
             self._client, self._used = Client(self.address, timeout=TIMEOUT), "default"

@@ -9,12 +9,16 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sqlite3
 import subprocess
 from contextlib import closing
 from typing import Any
 
+import anyio
+import psycopg
 import pytest
 
+import k7async
 from k7core.beanstalk import Client, TubeNotFoundError
 from k7core.outbox import BeanstalkRelay, relay
 from tests._childproc import Child
@@ -196,3 +200,32 @@ def test_the_command_line_relays_into_a_server(app: App, server: ServerProcess) 
         proc.wait()
     assert proc.returncode == 0, err
     assert out == b"stopped: 3 jobs relayed\n"
+
+
+def test_a_relay_task_relays_each_commit_as_it_comes(app: App, server: ServerProcess) -> None:
+    """The relay's thread (through ``k7async.run_relay``) wakes at each commit."""
+    box = setup(app)
+
+    async def main() -> list[Any]:
+        async with anyio.create_task_group() as tg:
+            relay = BeanstalkRelay(app.where, address(server))
+            await tg.start(k7async.run_relay, relay)
+            got = []
+            for n in range(3):
+                box.put(app.conn, TUBE, {"n": n})
+                app.commit()
+                got += await anyio.to_thread.run_sync(take, server, 1)
+            tg.cancel_scope.cancel()
+        assert relay.closed and relay.relayed == 3
+        return got
+
+    assert anyio.run(main) == [{"n": n} for n in range(3)]
+
+
+def test_a_missing_outbox_is_a_clear_error(app: App, server: ServerProcess) -> None:
+    with closing(BeanstalkRelay(app.where, address(server))) as r, \
+            pytest.raises(FileNotFoundError, match=r"Outbox\.create"):
+        r.relay_once()
+    app.rollback()
+    with pytest.raises((sqlite3.OperationalError, psycopg.errors.UndefinedTable)):
+        app.count(f"{app.table}_sent")  # nothing made in a database without an outbox

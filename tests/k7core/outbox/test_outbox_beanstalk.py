@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import signal
 import sqlite3
 import subprocess
+import time
 from contextlib import closing
 from typing import Any
 
@@ -229,3 +231,34 @@ def test_a_missing_outbox_is_a_clear_error(app: App, server: ServerProcess) -> N
     app.rollback()
     with pytest.raises((sqlite3.OperationalError, psycopg.errors.UndefinedTable)):
         app.count(f"{app.table}_sent")  # nothing made in a database without an outbox
+
+
+def test_a_relay_killed_at_random_moments_leaves_each_row_once(
+        app: App, server: ServerProcess) -> None:
+    box = setup(app)
+    rng = random.Random(f"beanstalk-kill-{app.kind}-{server.name}")
+    committed: list[Any] = []
+    n = 0
+    for _ in range(6):
+        with Child("beanstalk", app.kind, app.where, address(server),
+                   str(rng.choice([1, 3, 8])), "thread", program=CHILD) as child:
+            assert child.line() == b"ready"
+            for _ in range(rng.randint(2, 6)):  # while it relays
+                rows = [{"n": n + i} for i in range(rng.randint(1, 8))]
+                n += len(rows)
+                for values in rows:
+                    box.put(app.conn, TUBE, values)
+                if rng.random() < 0.2:
+                    app.rollback()
+                else:
+                    app.commit()
+                    committed += rows
+            time.sleep(rng.random() * 0.05)  # a random moment of its relaying
+            child.kill_and_drain()
+            assert "Traceback" not in child.stderr(), child.stderr()
+    with closing(BeanstalkRelay(app.where, address(server))) as r:
+        relay_all(r)
+    assert counted(take(server, None, timeout=0)) == counted(committed)
+    assert jobs_left(server) == {}
+    app.rollback()
+    assert app.count() == 0 and app.count(f"{app.table}_sent") == 0

@@ -1,7 +1,7 @@
 """k7core.outbox: the transactional outbox. Jobs are put as rows of the application's own
 database, inside its own transactions (``Outbox.put``), so a rolled-back transaction puts
 nothing and a committed one always does; a relay moves committed rows into a job store
-exactly once, even when it is killed at any point.
+or a beanstalkd server exactly once, even when it is killed at any point.
 
     import sqlite3
     from k7core import jobs, outbox
@@ -16,11 +16,14 @@ exactly once, even when it is killed at any point.
 
 SQLite: ``SqliteRelay`` (the relay's position is a store mark, journaled with each put).
 PostgreSQL (psycopg 3, ``pip install 'k7py[postgres]'``): ``PostgresRelay`` (claim, put with
-a remembered key, delete). ``docs/outbox.md`` has the details.
+a remembered key, delete). Into a beanstalkd server (beanstalkd itself or ``k7 serve``):
+``BeanstalkRelay`` (jobs put parked, made live once their ids are recorded).
+``docs/outbox.md`` has the details.
 """
 
 from types import FunctionType
 
+from ._beanstalk import BeanstalkRelay as BeanstalkRelay
 from ._open import relay as relay
 from ._outbox import Outbox as Outbox
 from ._postgres import PostgresRelay as PostgresRelay
@@ -28,7 +31,8 @@ from ._relay import Relay as Relay
 from ._sql import DEFAULT_TABLE as DEFAULT_TABLE
 from ._sqlite import SqliteRelay as SqliteRelay
 
-__all__ = ["DEFAULT_TABLE", "Outbox", "PostgresRelay", "Relay", "SqliteRelay", "relay"]
+__all__ = ["DEFAULT_TABLE", "BeanstalkRelay", "Outbox", "PostgresRelay", "Relay", "SqliteRelay",
+           "relay"]
 
 # Public classes and functions report this package as their module (as k7core's do).
 for _value in [globals()[name] for name in __all__]:

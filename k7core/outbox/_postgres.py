@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import MissingExtraError
 from ..jobs._store import JobStore
-from ._relay import Relay, put_row
+from ._relay import StoreRelay, put_row
 from ._sql import DEFAULT_TABLE, Postgres, key_prefix, row
 
 if TYPE_CHECKING:
@@ -31,7 +31,34 @@ NOTIFY_POLL = 0.1
 closed."""
 
 
-class PostgresRelay(Relay):
+def listen(dsn: str, statement: str) -> psycopg.Connection[Any]:
+    """A new autocommit connection that ran ``statement`` (``LISTEN <channel>``)."""
+    listener = driver().connect(dsn, autocommit=True)
+    try:
+        listener.execute(statement)
+    except BaseException:
+        listener.close()
+        raise
+    return listener  # type: ignore[no-any-return]
+
+
+def wait_notified(listener: psycopg.Connection[Any] | None, stop: threading.Event,
+                  timeout: float) -> None:
+    """Return once ``listener`` got a notification, ``stop`` is set or ``timeout`` ran out
+    (without a listener: the latter two)."""
+    if listener is None:
+        stop.wait(timeout)
+        return
+    end = time.monotonic() + timeout
+    while not stop.is_set():
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        for _ in listener.notifies(timeout=min(NOTIFY_POLL, left), stop_after=1):
+            return
+
+
+class PostgresRelay(StoreRelay):
     """Relays the outbox table ``table`` of the PostgreSQL database at ``dsn`` into ``store``.
 
     A batch is one transaction: claim up to ``batch`` rows (``FOR UPDATE SKIP LOCKED``, so
@@ -125,26 +152,10 @@ class PostgresRelay(Relay):
 
     def _arm(self) -> None:
         if self._listener is None:
-            listener = self._psycopg.connect(self.dsn, autocommit=True)
-            try:
-                listener.execute(self._sql.listen)
-            except BaseException:
-                listener.close()
-                raise
-            self._listener = listener
+            self._listener = listen(self.dsn, self._sql.listen)
 
     def _wait(self, stop: threading.Event, timeout: float) -> None:
-        listener = self._listener
-        if listener is None:
-            stop.wait(timeout)
-            return
-        end = time.monotonic() + timeout
-        while not stop.is_set():
-            left = end - time.monotonic()
-            if left <= 0:
-                return
-            for _ in listener.notifies(timeout=min(NOTIFY_POLL, left), stop_after=1):
-                return
+        wait_notified(self._listener, stop, timeout)
 
     def _disconnect(self) -> None:
         self._forgotten = {}

@@ -1,5 +1,7 @@
-"""What every relay shares: putting a row into the store, and the thread that relays until
-closed (:class:`Relay`). The databases' own parts are ``_sqlite`` and ``_postgres``."""
+"""What every relay shares: the thread that relays until closed (:class:`Relay`), and, for
+the relays into a job store (:class:`StoreRelay`), putting a row into the store. The
+databases' own parts are ``_sqlite`` and ``_postgres``; ``_beanstalk`` relays into a
+beanstalkd server."""
 
 from __future__ import annotations
 
@@ -16,6 +18,21 @@ from ..jobs._store import JobStore
 from ._sql import Row, deps_of
 
 log = logging.getLogger("k7core.outbox")
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+SQLITE_SCHEME = "sqlite:"
+
+
+def is_postgres(source: str) -> bool:
+    """Whether ``source`` names a PostgreSQL database (else a SQLite file)."""
+    return source.startswith(POSTGRES_SCHEMES)
+
+
+def sqlite_path(source: str) -> str:
+    """The SQLite file ``source`` names (a path, ``sqlite:PATH`` or ``sqlite:///PATH``)."""
+    path = source.removeprefix(SQLITE_SCHEME)
+    return path[2:] if path.startswith("//") else path
+
 
 RETRY_CAP = 30.0
 """The longest wait, in seconds, between attempts after a relay's database or store failed."""
@@ -55,22 +72,19 @@ def _skipped(row: Row, exc: Exception) -> None:
 
 
 class Relay(Resource):
-    """Moves committed outbox rows into a job store, exactly once.
+    """Moves committed outbox rows into a job store or a beanstalkd server, exactly once.
 
     ``relay_once()`` relays up to ``batch`` rows in the caller's thread; ``start()`` (or
     ``with``) runs a thread that relays until :meth:`close`, waking when rows are committed.
-    A failure of the database is logged and retried (after 0.1 s, doubling up to 30 s, with
-    a new connection); the thread ends when the store is closed. ``relayed`` counts the jobs
-    put, ``skipped`` the rows the store refused (logged), ``error`` is the last failure.
+    A failure of the database or the server is logged and retried (after 0.1 s, doubling up
+    to 30 s, with new connections); the thread ends when a job store it puts into is closed.
+    ``relayed`` counts the jobs put, ``skipped`` the rows refused (logged), ``error`` is the
+    last failure.
     """
 
-    def __init__(self, store: JobStore, *, batch: int) -> None:
-        if not isinstance(store, JobStore):
-            raise TypeError(f"a relay puts into a k7core.jobs.JobStore, not {store!r:.80} "
-                            "(for a k7async.AsyncJobStore, pass its .store)")
+    def __init__(self, *, batch: int) -> None:
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch must be a positive int, not {batch!r}")
-        self.store = store
         self.batch = batch
         self.relayed = 0
         self.skipped = 0
@@ -95,6 +109,10 @@ class Relay(Resource):
     def _disconnect(self) -> None:
         """Close the database connections (the next relay_once opens new ones)."""
 
+    def _ended(self) -> bool:
+        """Whether what the relay puts into is gone for good (the thread then ends)."""
+        return False
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -115,7 +133,7 @@ class Relay(Resource):
 
     def run(self) -> None:
         """Relay in this thread until :meth:`close` is called (from another thread) or the
-        store is closed."""
+        job store it puts into is closed."""
         stop, pause = self._stop, 0.0
         while not stop.is_set():
             try:
@@ -125,7 +143,7 @@ class Relay(Resource):
                 if n < self.batch:  # inside: a listener connection may fail too
                     self._wait(stop, 1.0)
             except Exception as exc:
-                if self.store.closed or self._closed:
+                if self._ended() or self._closed:
                     break
                 self.error = exc
                 pause = min(RETRY_CAP, max(0.1, pause * 2))
@@ -147,3 +165,17 @@ class Relay(Resource):
 
     def _now(self) -> float:
         return time.time()
+
+
+class StoreRelay(Relay):
+    """A relay into a :class:`k7core.jobs.JobStore` (``store``)."""
+
+    def __init__(self, store: JobStore, *, batch: int) -> None:
+        if not isinstance(store, JobStore):
+            raise TypeError(f"a relay puts into a k7core.jobs.JobStore, not {store!r:.80} "
+                            "(for a k7async.AsyncJobStore, pass its .store)")
+        super().__init__(batch=batch)
+        self.store = store
+
+    def _ended(self) -> bool:
+        return self.store.closed

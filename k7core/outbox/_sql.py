@@ -158,3 +158,29 @@ def key_prefix(name: str) -> str:
     """What the job key of a PostgreSQL row without a key of its own starts with (the row
     id follows)."""
     return f"{name}:"
+
+
+class Sent:
+    """The statements of a relay into a beanstalkd server, for both databases
+    (``mark``: the placeholder, ``?`` or ``%s``): ``<table>_sent`` holds the rows of the
+    batch in flight, each with the id of its job once put (``job_id``) and the highest job
+    id the relay had seen before putting it (``floor``)."""
+
+    def __init__(self, table: str, mark: str) -> None:
+        t = self.table = check_table(table)
+        self.create = (f"CREATE TABLE IF NOT EXISTS {t}_sent (row_id BIGINT PRIMARY KEY, "
+                       "job_id BIGINT, floor BIGINT NOT NULL)")
+        self.name = f"SELECT name FROM {t}_meta"
+        self.first = f"SELECT {COLUMNS} FROM {t} ORDER BY id LIMIT {mark}"
+        columns = ", ".join(f"r.{c}" for c in COLUMNS.split(", "))
+        self.pending = (f"SELECT {columns}, s.job_id, s.floor FROM {t}_sent s "
+                        f"JOIN {t} r ON r.id = s.row_id ORDER BY r.id")
+        self.strays = f"DELETE FROM {t}_sent WHERE row_id NOT IN (SELECT id FROM {t})"
+        self.intend = f"INSERT INTO {t}_sent (row_id, job_id, floor) VALUES ({mark}, NULL, {mark})"
+        self.record = f"UPDATE {t}_sent SET job_id = {mark} WHERE row_id = {mark}"
+        self.forget = f"DELETE FROM {t}_sent WHERE row_id = {mark}"
+        self.drop = f"DELETE FROM {t} WHERE id = {mark}"
+        self.count = f"SELECT count(*) FROM {t}_sent"
+        self.listen = f"LISTEN {t}"
+        # PostgreSQL: one relay of the outbox into a server at a time (a session lock)
+        self.lock = f"SELECT pg_try_advisory_lock(hashtext('k7 outbox beanstalk {t}'))"

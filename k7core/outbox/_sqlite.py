@@ -7,12 +7,13 @@ import os
 import sqlite3
 import threading
 import weakref
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
 from .._errors import ClosedError
 from ..jobs._store import JobStore
-from ._relay import Relay, log, put_row
+from ._relay import StoreRelay, log, put_row
 from ._sql import DEFAULT_TABLE, Sqlite, row
 
 POLL = 0.005
@@ -29,7 +30,27 @@ def _turn(store: JobStore, name: str) -> threading.Lock:
         return _turns.setdefault(store, {}).setdefault(name, threading.Lock())
 
 
-class SqliteRelay(Relay):
+def data_version(conn: sqlite3.Connection) -> int:
+    """``PRAGMA data_version``: changes when another connection commits."""
+    (version,) = conn.execute("PRAGMA data_version").fetchone()
+    return int(version)
+
+
+def wait_version(read: Callable[[], int], seen: int, stop: threading.Event,
+                 timeout: float) -> int:
+    """Poll ``read`` (a data version) every :data:`POLL` s until it is not ``seen``,
+    ``stop`` is set or ``timeout`` ran out; the last version read."""
+    remaining = timeout
+    while remaining > 0 and not stop.is_set():
+        version = read()
+        if version != seen:
+            return version
+        stop.wait(POLL)
+        remaining -= POLL
+    return seen
+
+
+class SqliteRelay(StoreRelay):
     """Relays the outbox table ``table`` of the SQLite database file ``path`` into ``store``.
 
     Each put carries the store mark ``<outbox name>`` (from the ``<table>_meta`` table) at
@@ -109,15 +130,11 @@ class SqliteRelay(Relay):
             return len(rows)
 
     def _wait(self, stop: threading.Event, timeout: float) -> None:
-        remaining = timeout
-        while remaining > 0 and not stop.is_set():
-            with self._lock:
-                (version,) = self._connect().execute("PRAGMA data_version").fetchone()
-            if version != self._version:
-                self._version = version
-                return
-            stop.wait(POLL)
-            remaining -= POLL
+        self._version = wait_version(self._data_version, self._version, stop, timeout)
+
+    def _data_version(self) -> int:
+        with self._lock:
+            return data_version(self._connect())
 
     def _disconnect(self) -> None:
         conn, self._conn = self._conn, None

@@ -172,6 +172,23 @@ def serving(kind: str, directory: Path) -> Iterator[ServerProcess]:
         proc.kill()
 
 
+SERVERS = ["k7", "beanstalkd"]
+"""The kinds :func:`serving` starts."""
+
+
+def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServerProcess]:
+    """A fixture's body: the server of kind ``request.param`` (one of :data:`SERVERS`),
+    ours with its job store under ``tmp_path``. ``server = pytest.fixture(
+    params=SERVERS)(served)`` makes the fixture."""
+    with serving(request.param, tmp_path / "store") as proc:
+        yield proc
+
+
+def address(server: ServerProcess) -> str:
+    """The server's address, as clients and workers take it."""
+    return f"beanstalk://127.0.0.1:{server.port}"
+
+
 def raw(reply: Reply) -> bytes:
     """A parsed reply's bytes, as they were on the wire."""
     line = " ".join((reply.word, *reply.args)).encode("ascii") + b"\r\n"

@@ -11,6 +11,14 @@ in directory STORE (``fsync="flush"``), printing ``ready`` and then ``P <job id>
 each put returned, until killed. KILL ``none``, or ``<call>-<when>:<n>`` with call ``put``,
 ``forget`` or ``mark`` and when ``before`` or ``after``: the store SIGKILLs its own process
 before (or after) its n-th call of that method.
+
+``python -m tests.k7core.outbox._outboxchild beanstalk KIND WHERE ADDRESS BATCH KILL``: a
+``BeanstalkRelay`` of that outbox into the beanstalkd server at ADDRESS (batches of BATCH
+rows). KILL ``thread``: runs the relay's thread, prints ``ready``, until killed; otherwise
+prints ``ready``, runs ``relay_once`` until no row is left, prints ``idle`` and exits, and
+KILL ``<command>-<when>:<n>`` (a beanstalkd command such as ``put`` or ``kick-job``, when
+``before`` or ``after``) SIGKILLs the process before (or after) its n-th call of that
+command.
 """
 
 from __future__ import annotations
@@ -20,13 +28,14 @@ import signal
 import sqlite3
 import sys
 import threading
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from typing import Any
 
 import psycopg
 
+from k7core.beanstalk import Call, Client
 from k7core.jobs import JobStore
-from k7core.outbox import Outbox, PostgresRelay, Relay, SqliteRelay
+from k7core.outbox import BeanstalkRelay, Outbox, PostgresRelay, Relay, SqliteRelay
 
 
 def create(kind: str, where: str) -> None:
@@ -97,12 +106,43 @@ def relay(kind: str, where: str, path: str, batch: str, relays: str, kill: str) 
         threading.Event().wait()
 
 
+def beanstalk(kind: str, where: str, address: str, batch: str, kill: str) -> None:
+    if kill != "none" and kill != "thread":
+        command, _, rest = kill.rpartition("-")
+        when, _, n = rest.partition(":")
+        word, count = command.encode() + b" ", [0]
+        plain = Client.call
+
+        def call(self: Client, c: Call[Any]) -> Any:
+            if c.request.startswith(word):
+                count[0] += 1
+            if count[0] == int(n) and when == "before" and c.request.startswith(word):
+                os.kill(os.getpid(), signal.SIGKILL)
+            result = plain(self, c)
+            if count[0] == int(n) and when == "after" and c.request.startswith(word):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return result
+
+        Client.call = call  # type: ignore[method-assign, assignment]
+    relay = BeanstalkRelay(where, address, batch=int(batch))
+    os.write(1, b"ready\n")
+    if kill == "thread":
+        with relay:
+            threading.Event().wait()
+    with closing(relay):
+        while relay.relay_once():
+            pass
+    os.write(1, b"idle\n")
+
+
 def main() -> None:
     mode, *args = sys.argv[1:]
     if mode == "create":
         create(*args)
     elif mode == "relay":
         relay(*args)
+    elif mode == "beanstalk":
+        beanstalk(*args)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

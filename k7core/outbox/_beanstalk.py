@@ -188,9 +188,9 @@ class BeanstalkRelay(Relay):
     """Relays the outbox table ``table`` of ``source`` (a PostgreSQL DSN, or a SQLite file:
     its path, ``sqlite:PATH``) into the beanstalkd server at ``address``
     (``beanstalk://host:port``, ``host:port``, ``unix:/path``), exactly once: see
-    ``docs/outbox.md``. Rows with a ``key`` or ``depends_on`` (beanstalkd has neither) are
-    skipped (logged at ERROR, counted in ``skipped``, deleted). One relay of an outbox
-    moves rows at a time; another waits its turn, looking every second.
+    ``docs/outbox.md``. Rows with a ``key``, ``depends_on`` or ``group`` (beanstalkd has
+    none of them) are skipped (logged at ERROR, counted in ``skipped``, deleted). One relay
+    of an outbox moves rows at a time; another waits its turn, looking every second.
     """
 
     def __init__(self, source: str | os.PathLike[str], address: str, *,
@@ -280,7 +280,8 @@ class BeanstalkRelay(Relay):
     def _put_call(self, r: Row) -> calls.Call[int] | None:
         """The parked put of ``r``, or None when it cannot be a beanstalkd job (logged)."""
         why = ("it has a key (beanstalkd has no unique keys)" if r.key is not None else
-               "it has dependencies (beanstalkd has none)" if r.depends_on else "")
+               "it has dependencies (beanstalkd has none)" if r.depends_on else
+               "it has a job group (beanstalkd has none)" if r.group is not None else "")
         if not why:
             try:
                 calls.use(r.tube)

@@ -90,13 +90,15 @@ def test_committed_rows_arrive_once_and_rows_with_keys_are_skipped(
     app.rollback()
     box.put(app.conn, TUBE, {"n": "keyed"}, key="k")
     box.put(app.conn, TUBE, {"n": "dependent"}, depends_on=[1])
+    box.put(app.conn, TUBE, {"n": "grouped"}, group="g")
     app.commit()
     r = relay(app.where, address(server), batch=2)
     assert isinstance(r, BeanstalkRelay)
     with closing(r), caplog.at_level(logging.ERROR, "k7core.outbox"):
-        assert relay_all(r) == 7
-    assert (r.relayed, r.skipped) == (5, 2)
+        assert relay_all(r) == 8
+    assert (r.relayed, r.skipped) == (5, 3)
     assert "has a key" in caplog.text and "has dependencies" in caplog.text
+    assert "has a job group" in caplog.text
     with Client(address(server), timeout=10) as c:
         c.use(TUBE)
         first = c.peek_ready()

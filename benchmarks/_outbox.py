@@ -11,6 +11,9 @@ Every case names itself ``outbox ...`` (``python -m benchmarks --only outbox``):
   in milliseconds. SQLite in WAL mode with ``synchronous=NORMAL`` (what a web app runs);
   the relay polls ``PRAGMA data_version`` every 5 ms. PostgreSQL wakes the relay with
   LISTEN/NOTIFY.
+- ``relay sqlite to beanstalkd``: the same N rows relayed by ``BeanstalkRelay`` into Debian's
+  ``beanstalkd -b DIR`` (each job put parked, its id recorded, then kicked: two round trips
+  a row and three commits a batch); rows/s. Skipped where beanstalkd is not installed.
 - peer: pgqueuer's own enqueue on the same PostgreSQL (its batched ``enqueue`` of N jobs,
   1,000 per call), the figure the issue compares the relay with (pgqueuer publishes 6.4k-18k
   jobs/s for it). A peer, so ``--no-peers`` skips it.
@@ -21,6 +24,7 @@ PostgreSQL is a real server, started from the ``pgserver`` wheel in a temporary 
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import threading
 import time
@@ -33,6 +37,7 @@ from typing import Any
 from k7core import jobs, outbox
 
 from ._harness import Case, Run, Samples, Skipped, in_fresh_dirs, percentile
+from ._jobs import BeanstalkdServer
 from ._workers import Postgres as PostgresServer
 
 TUBE = "outbox"
@@ -134,6 +139,36 @@ def _relay_rate(db: Db, path: Path, n: int) -> float:
             relay.close()
         if len(store) != n:
             raise RuntimeError(f"{len(store)} jobs for {n} rows")
+    return rate
+
+
+def _beanstalk_rate(path: Path, n: int) -> float:
+    """Rows/s of ``BeanstalkRelay`` from a SQLite outbox into ``beanstalkd -b``."""
+    from k7core.beanstalk import Client
+
+    db = Sqlite(path / "app.db")
+    _fill(db, n)
+    server = BeanstalkdServer(path / "binlog", ())
+    try:
+        address = f"127.0.0.1:{server.port}"
+        relay = outbox.BeanstalkRelay(db.path, address, batch=PER_TX)
+        try:
+            t0 = time.perf_counter()
+            done = 0
+            while done < n:
+                got = relay.relay_once()
+                if not got:
+                    raise RuntimeError(f"the relay stopped at {done} of {n} rows")
+                done += got
+            rate = n / (time.perf_counter() - t0)
+        finally:
+            relay.close()
+        with Client(address, timeout=30) as c:
+            ready = c.stats_tube(TUBE)["current-jobs-ready"]
+        if ready != n:
+            raise RuntimeError(f"{ready} ready jobs for {n} rows")
+    finally:
+        server.close()
     return rate
 
 
@@ -240,9 +275,28 @@ def _pgqueuer_case(s: Sizes) -> Case:
                 {"jobs": s.rows, "per_call": PER_TX, "driver": "psycopg async, autocommit"})
 
 
+def _beanstalk_case(s: Sizes) -> Case:
+    name = "outbox relay sqlite to beanstalkd"
+
+    def measure(path: Path) -> Samples:
+        return {name: ("rows/s", _beanstalk_rate(path, s.rows))}
+
+    @contextmanager
+    def setup(root: Path) -> Iterator[Run]:
+        yield in_fresh_dirs(root, measure)
+
+    return Case(name, "k7", setup, {
+        "db": "SQLite WAL, synchronous=NORMAL", "rows": s.rows, "batch": PER_TX,
+        "server": "beanstalkd -b DIR (binlog, fsync at most every 50 ms)"})
+
+
 def cases(s: Sizes, with_peers: bool) -> tuple[list[Case], list[Skipped]]:
     out = _cases_for("sqlite", _sqlite_db, s, {"db": "SQLite WAL, synchronous=NORMAL"})
     skipped: list[Skipped] = []
+    if shutil.which("beanstalkd") is None:
+        skipped.append(Skipped("outbox relay sqlite to beanstalkd", "beanstalkd not installed"))
+    else:
+        out.append(_beanstalk_case(s))
     try:
         import pgserver  # noqa: F401
         import psycopg  # noqa: F401

@@ -122,19 +122,24 @@ def _fill(db: Db, n: int) -> None:
         conn.close()
 
 
+def _drain(relay: outbox.Relay, n: int) -> float:
+    """Rows/s of ``relay_once()`` calls moving ``n`` committed rows."""
+    t0 = time.perf_counter()
+    done = 0
+    while done < n:
+        got = relay.relay_once()
+        if not got:
+            raise RuntimeError(f"the relay stopped at {done} of {n} rows")
+        done += got
+    return n / (time.perf_counter() - t0)
+
+
 def _relay_rate(db: Db, path: Path, n: int) -> float:
     _fill(db, n)
     with jobs.JobStore(path / "jobs", fsync="flush") as store:
         relay = db.relay(store)
         try:
-            t0 = time.perf_counter()
-            done = 0
-            while done < n:
-                got = relay.relay_once()
-                if not got:
-                    raise RuntimeError(f"the relay stopped at {done} of {n} rows")
-                done += got
-            rate = n / (time.perf_counter() - t0)
+            rate = _drain(relay, n)
         finally:
             relay.close()
         if len(store) != n:
@@ -153,14 +158,7 @@ def _beanstalk_rate(path: Path, n: int) -> float:
         address = f"127.0.0.1:{server.port}"
         relay = outbox.BeanstalkRelay(db.path, address, batch=PER_TX)
         try:
-            t0 = time.perf_counter()
-            done = 0
-            while done < n:
-                got = relay.relay_once()
-                if not got:
-                    raise RuntimeError(f"the relay stopped at {done} of {n} rows")
-                done += got
-            rate = n / (time.perf_counter() - t0)
+            rate = _drain(relay, n)
         finally:
             relay.close()
         with Client(address, timeout=30) as c:

@@ -96,6 +96,21 @@ class Child:
         self._buf = b""
         return lines[:-1]  # the last piece is b"" (or an incomplete line: never reported)
 
+    def lines_until_exit(self) -> list[bytes]:
+        """Every complete line the child writes until its output ends (it exited or died),
+        then reap it. A child silent for ``DEADLINE`` is killed and fails the test with its
+        stderr (it is stuck, not dead)."""
+        lines: list[bytes] = []
+        while True:
+            deadline = time.monotonic() + DEADLINE
+            while b"\n" not in self._buf and not self._eof:
+                self._fill(deadline)
+            if b"\n" not in self._buf:  # its output ended
+                self.proc.wait(timeout=DEADLINE)
+                return lines
+            line, _, self._buf = self._buf.partition(b"\n")
+            lines.append(line)
+
     def __enter__(self) -> Child:
         return self
 

@@ -100,22 +100,11 @@ def run_child(kind: str, where: str, store: Path, rng: random.Random, round_: in
             time.sleep(rng.random() * 0.002)  # a random moment in the next batch
             lines += child.kill_and_drain()
         else:
-            lines = drain_until_exit(child)
+            lines = child.lines_until_exit()
         assert child.proc.returncode == -signal.SIGKILL, child.stderr()
         assert "Traceback" not in child.stderr(), child.stderr()
     assert all(line.startswith(b"P ") for line in lines), lines
     return kill, len(lines)
-
-
-def drain_until_exit(child: Child) -> list[bytes]:
-    """The lines of a child that kills itself, until it has."""
-    lines = []
-    while True:
-        try:
-            lines.append(child.line())
-        except AssertionError:  # its output ended: it died
-            child.wait()
-            return lines
 
 
 def check_drained(kind: str, store: JobStore, writer: Writer) -> None:
@@ -144,6 +133,7 @@ def test_a_relay_killed_anywhere_relays_each_committed_row_once(
         kind: str, db_path: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     where = str(db_path) if kind == "sqlite" else request.getfixturevalue("dsn")
     app = App(kind, where)
+    request.addfinalizer(app.close)  # closed if the test fails too
     if kind == "sqlite":
         app.execute("PRAGMA journal_mode = wal")
     box = setup(app)
@@ -178,5 +168,4 @@ def test_a_relay_killed_anywhere_relays_each_committed_row_once(
     else:
         with closing(sqlite3.connect(where)) as conn:
             assert conn.execute("SELECT count(*) FROM k7_outbox").fetchone() == (0,)
-    app.close()
     assert set(deaths) == {"none", *KILLS[kind]}, deaths

@@ -40,7 +40,7 @@ from ._reader import count_frames, lag_messages
 from ._recovery import recover
 from ._resource import Resource
 from ._retention import Retention, lock_drained, remove_queue_files
-from ._shared import SharedWriters, shared_live, writer_live
+from ._shared import SharedWriters, shared_live, shared_pids, writer_live
 from ._stats import (
     GroupInfo,
     LockTable,
@@ -505,6 +505,7 @@ class Queue(Resource):
             retention=opts.retention,
             retention_deleted_segments=ret.deleted_segments if ret is not None else 0,
             retention_deleted_bytes=ret.deleted_bytes if ret is not None else 0,
+            writer_pids=shared_pids(path),
         )
 
     # ------------------------------------------------------------------ lifetime

@@ -226,3 +226,23 @@ def shared_live(path: Path) -> bool:
             os.close(fd)
     finally:
         os.close(lock)
+
+
+def shared_pids(path: Path) -> tuple[int, ...]:
+    """The live processes that write the queue in ``path`` with writers="shared" (empty when
+    none does), read from the state file without taking its lock."""
+    if not shared_live(path):
+        return ()
+    try:
+        fd = open_fd(path / SHARED_FILE, os.O_RDONLY)
+    except StorageError:
+        return ()
+    try:
+        m = Mapping(fd, SHARED_FILE_SIZE, writable=False)
+    finally:
+        os.close(fd)
+    try:
+        sh = lib.k7_shared_attach(m.ptr, SHARED_FILE_SIZE)
+        return () if sh == ffi.NULL else tuple(sorted({p for p in read_pids(sh) if alive(p)}))
+    finally:
+        m.close()

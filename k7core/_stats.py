@@ -118,7 +118,8 @@ class QueueStats:
     their durations (both ``None`` on a ``readonly`` queue, as are ``fsync`` and
     ``segment_size``, which belong to the writer). ``recovery_events``: what the
     writer's recovery did at open.
-    ``retention_deleted_*`` count what retention deleted since open.
+    ``retention_deleted_*`` count what retention deleted since open. ``writer_pids``: the
+    processes writing with ``writers="shared"`` (empty with an exclusive writer or none).
     """
 
     path: str
@@ -139,6 +140,7 @@ class QueueStats:
     retention: str
     retention_deleted_segments: int
     retention_deleted_bytes: int
+    writer_pids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

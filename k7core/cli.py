@@ -49,7 +49,6 @@ from ._format import (
     CURSOR_SIZE,
     DEFAULT_SEGMENT_SIZE,
     FRAME_ALIGN,
-    WRITER_LOCK,
     cursor_name,
     decode_cursor,
     frame_size,
@@ -58,11 +57,11 @@ from ._format import (
 from ._group import check_cursor
 from ._kernel import SCAN_CORRUPT, SCAN_OK, ffi, lib
 from ._queue import Queue
+from ._shared import writer_live
 from ._stats import LAG_COUNT_LIMIT, GroupInfo, SegmentInfo, list_segment_infos, read_cursors
 from ._storage import (
     frames_end,
     last_data,
-    lock_is_free,
     map_file,
     next_frame,
     open_fd,
@@ -209,7 +208,9 @@ def info(directory: str, as_json: bool) -> None:
         click.echo(json.dumps(dataclasses.asdict(st), indent=2))
         return
     out = Console(width=max(100, shutil.get_terminal_size().columns))
-    out.print(f"[bold]{escape(str(d))}[/bold]  writer {'open' if st.writer_active else 'closed'}")
+    shared = f" (shared: pids {', '.join(map(str, st.writer_pids))})" if st.writer_pids else ""
+    out.print(f"[bold]{escape(str(d))}[/bold]  writer {'open' if st.writer_active else 'closed'}"
+              f"{shared}")
     head = Table("earliest", "next offset", "log bytes", "segments", "on disk", box=None)
     head.add_row(str(st.earliest_offset), str(st.next_offset),
                  f"{st.next_offset - st.earliest_offset:,}", f"{st.segment_count:,}",
@@ -643,7 +644,7 @@ def repair(directory: str) -> None:
     This is the recovery a writer runs when it opens the queue; it needs the writer lock.
     """
     d = _queue_dir(directory)
-    if not lock_is_free(d / WRITER_LOCK):
+    if writer_live(d):
         raise CliError(f"{d} is open by a writer, whose open already repaired it; "
                        "stop the writer to repair")
     log = logging.getLogger("k7core")

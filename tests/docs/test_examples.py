@@ -18,3 +18,12 @@ def test_the_outbox_web_example_runs(tmp_path: Path) -> None:
     assert out.count("receipt sent for order") == 2
     assert "orders: [(1, 'tea', 1), (2, 'jam', 1)]" in out
     assert "ConnectionError: mail server busy" in done.stderr  # the first attempts failed
+
+
+def test_the_shared_writers_example_runs(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "shared_writers.py"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "workers done: [0, 1, 2, 3]" in done.stdout
+    assert ("messages read: 40000, per worker: {0: 10000, 1: 10000, 2: 10000, 3: 10000}"
+            in done.stdout), done.stdout

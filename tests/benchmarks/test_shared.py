@@ -99,7 +99,7 @@ def test_targets_tables() -> None:
         _record(f"{_shared.shared_name('enqueue', 2)} {agg}", 3e6),
         _record(f"{_shared.shared_name('enqueue', 4)} {agg}", 1e6),
         _record(f"{_shared.SYNC_CASE} {_shared.SYNC_PROCS}/1", 4.0),
-        _record(f"{_shared.SYNC_CASE} 1 process", 2_000, _jobs.FSYNC_PER_PUT),
+        _record(f"{_shared.SYNC_CASE} 1 process writers=shared", 2_000, _jobs.FSYNC_PER_PUT),
         _record(f"{_shared.peer_name('persist-queue SQLiteQueue', 1)} {agg}", 1_000,
                 _jobs.FSYNC_PER_PUT),
     ]

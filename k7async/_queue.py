@@ -115,9 +115,10 @@ async def open_queue(
     """Open (create or recover) a queue for async code; close it on exit.
 
     ``opts`` are :class:`k7core.Queue`'s keyword arguments (``fsync``, ``segment_size``,
-    ``commit_interval``, ``readonly``). Opening (recovery) and closing (final msync) run in a
-    short-lived thread, not in the event loop. Given an open :class:`k7core.Queue` instead of
-    a path, it is used as it is (no ``opts``) and left open on exit.
+    ``commit_interval``, ``readonly``, ``writers="shared"`` for several writing processes).
+    Opening (recovery) and closing (final msync) run in a short-lived thread, not in the
+    event loop. Given an open :class:`k7core.Queue` instead of a path, it is used as it is
+    (no ``opts``) and left open on exit.
 
     On exit, every write already handed over completes first, even when the exit is a
     cancellation; ``enqueue`` afterwards raises :class:`k7core.ClosedError`.

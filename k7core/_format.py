@@ -41,6 +41,14 @@ OWN_PREFIX = "k7py-"  # every one of them starts so
 WRITER_LOCK = "k7py-writer.lock"
 POSITION_FILE = "k7py-position"
 SPARE_SEGMENT = "k7py-spare.seg"  # the next segment, being prepared (not a segment yet)
+# Shared writers (writers="shared"): their state (a k7_shared of k7.h, mapped by each), held
+# with a shared flock by each live one, and the lock that serialises joining and leaving.
+SHARED_FILE = "k7py-writers"
+SHARED_FILE_SIZE: int = lib.K7_SHARED_FILE_SIZE
+SHARED_PIDS: int = lib.K7_SHARED_PIDS  # at most this many shared writer processes at once
+SHARED_LOCK = "k7py-writers.lock"
+SHARED_SPARE_RE = re.compile(r"^k7py-spare-(\d+)\.seg$")  # each shared writer's own spare
+WRITERS = ("exclusive", "shared")
 SPARE_MIN_SIZE = 4 << 20  # smaller segments are created in place: that is cheap enough
 MAX_GROUP_NAME_BYTES = 200
 
@@ -121,6 +129,11 @@ def orphaned_name(base: int) -> str:
     return f"{OWN_PREFIX}orphaned-{segment_name(base)}"
 
 
+def shared_spare_name(pid: int) -> str:
+    """The spare segment a shared writer process prepares (each its own)."""
+    return f"{OWN_PREFIX}spare-{pid}.seg"
+
+
 def queue_file(name: str) -> bool:
     """Whether ``name`` is a file the queue itself owns (segments, cursors, the writer lock,
     the position file, the spare segment, recovery's side files), as opposed to another
@@ -128,7 +141,8 @@ def queue_file(name: str) -> bool:
     return bool(
         SEGMENT_RE.match(name)
         or cursor_group(name) is not None
-        or name in (WRITER_LOCK, POSITION_FILE, SPARE_SEGMENT)
+        or name in (WRITER_LOCK, POSITION_FILE, SPARE_SEGMENT, SHARED_FILE, SHARED_LOCK)
+        or SHARED_SPARE_RE.match(name)
         or name.startswith(tuple(f"{OWN_PREFIX}{kind}-" for kind in SIDE_FILES))
     )
 

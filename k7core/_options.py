@@ -14,6 +14,7 @@ from ._format import (
     FRAME_HEADER,
     MAX_PAYLOAD,
     MAX_SEGMENT_SIZE,
+    WRITERS,
     Fsync,
     frame_size,
     parse_fsync,
@@ -36,6 +37,7 @@ class QueueOptions:
     retention_age: float | None = None
     remove_when_empty: bool = False
     file_mode: int = FILE_MODE
+    writers: str = "exclusive"
 
     @classmethod
     def checked(
@@ -50,6 +52,7 @@ class QueueOptions:
         retention_age: object = None,
         remove_when_empty: object = False,
         file_mode: object = FILE_MODE,
+        writers: object = "exclusive",
     ) -> QueueOptions:
         """The options a caller passed, each checked (``TypeError``/``ValueError`` naming it)."""
         size = check_int(segment_size, "segment_size", 64)
@@ -70,6 +73,10 @@ class QueueOptions:
             raise ValueError(
                 f"file_mode must give the owner read and write (0o600 .. 0o777), not {file_mode!r}"
             )
+        if writers not in WRITERS:
+            raise ValueError(f"writers must be 'exclusive' or 'shared', not {writers!r}")
+        if writers == "shared" and readonly:
+            raise ValueError("writers='shared' is for writers; a readonly queue does not write")
         return cls(
             segment_size=size,
             fsync=parse_fsync(fsync, "fsync"),
@@ -85,6 +92,7 @@ class QueueOptions:
             ),
             remove_when_empty=bool(remove_when_empty),
             file_mode=mode,
+            writers=str(writers),
         )
 
     @property

@@ -40,6 +40,7 @@ from ._reader import count_frames, lag_messages
 from ._recovery import recover
 from ._resource import Resource
 from ._retention import Retention, lock_drained, remove_queue_files
+from ._shared import SharedWriters, shared_live, writer_live
 from ._stats import (
     GroupInfo,
     LockTable,
@@ -56,7 +57,6 @@ from ._storage import (
     Mapping,
     frames_end,
     list_segments,
-    lock_is_free,
     open_fd,
     preallocate,
     try_lock,
@@ -64,11 +64,12 @@ from ._storage import (
 from ._writer import SegmentWriter
 
 
-def _lock_with_retry(fd: int) -> bool:
-    """Take the writer lock; a readonly opener may hold a shared probe of it for microseconds."""
+def _lock_with_retry(fd: int, *, exclusive: bool) -> bool:
+    """Take the writer lock (shared writers: a shared flock); a readonly opener may hold a
+    probe of it for microseconds."""
     for delay in (0.0, 0.001, 0.005, 0.02):
         time.sleep(delay)
-        if try_lock(fd):
+        if try_lock(fd, exclusive=exclusive):
             return True
     return False
 
@@ -82,6 +83,7 @@ class _Resources:
         self.log: LogView | None = None
         self.writer: SegmentWriter | None = None
         self.bulk: BulkReader | None = None
+        self.shared: SharedWriters | None = None
 
     def release(self) -> None:
         if self.log is not None:
@@ -90,6 +92,8 @@ class _Resources:
             self.bulk.close()
         if self.writer is not None:
             self.writer.release()
+        if self.shared is not None:
+            self.shared.leave()
         if self.pos_map is not None:
             self.pos_map.close()
             self.pos_map = None
@@ -101,10 +105,13 @@ class _Resources:
 class Queue(Resource):
     """A durable append-only log in a directory; creates it or recovers it on open.
 
-    One writer per directory across processes (``QueueLockedError`` otherwise). ``enqueue``
-    must be called from one thread at a time. Consumer groups are opened with
-    :meth:`consumer_group`. ``readonly=True`` opens a queue that another process writes:
-    no writer lock, ``enqueue`` raises, consumer groups work.
+    One writer per directory across processes (``QueueLockedError`` otherwise), unless every
+    writer opens with ``writers="shared"``: then any number of processes (up to 64 at once)
+    append to the directory through a lock in shared memory, each call's frames contiguous,
+    a writer killed at any point recovered by the next (docs/concurrency.md). Shared writers
+    use one ``fsync`` strategy. ``enqueue`` must be called from one thread at a time.
+    Consumer groups are opened with :meth:`consumer_group`. ``readonly=True`` opens a queue
+    that another process writes: no writer lock, ``enqueue`` raises, consumer groups work.
 
     Retention (writer only; applied at open and at every segment roll, never to the segment
     being written; oldest segments first): ``retention="consumed"`` deletes a sealed segment
@@ -134,6 +141,7 @@ class Queue(Resource):
         retention_age: float | None = None,
         remove_when_empty: bool = False,
         file_mode: int = FILE_MODE,
+        writers: str = "exclusive",
     ) -> None:
         self._closed = True
         self._fa = Appender(0)  # the enqueue fast path: detached (CLOSED) until recovered
@@ -144,7 +152,7 @@ class Queue(Resource):
             segment_size=segment_size, fsync=fsync, commit_interval=commit_interval,
             readonly=readonly, retention=retention, retention_bytes=retention_bytes,
             retention_age=retention_age, remove_when_empty=remove_when_empty,
-            file_mode=file_mode,
+            file_mode=file_mode, writers=writers,
         )
         self._events: list[RecoveryEvent] = []
         self._groups = OpenGroups()
@@ -205,6 +213,11 @@ class Queue(Resource):
     def file_mode(self) -> int:
         return self._opts.file_mode
 
+    @property
+    def writers(self) -> str:
+        """``"exclusive"`` (the one writer of the directory) or ``"shared"``."""
+        return self._opts.writers
+
     # ------------------------------------------------------------------ open
 
     def _open(self) -> None:
@@ -231,7 +244,19 @@ class Queue(Resource):
                 raise NotAQueueError(f"{path} is not a directory", path=path)
             fd = open_fd(path / WRITER_LOCK, os.O_RDWR | os.O_CREAT, self._opts.file_mode)
             self._r.lock_fd = fd
-            if not _lock_with_retry(fd):
+            shared = self._opts.writers == "shared"
+            if not _lock_with_retry(fd, exclusive=not shared):
+                if shared:
+                    raise QueueLockedError(
+                        f"queue {path} is locked by an exclusive writer", path=path,
+                        hint="close it, or open every writer of the queue with "
+                        "writers='shared'",
+                    )
+                if shared_live(path):
+                    raise QueueLockedError(
+                        f"queue {path} is written by shared writers", path=path,
+                        hint="open this one with writers='shared' too, or readonly=True",
+                    )
                 raise QueueLockedError(
                     f"queue {path} is locked by another writer", path=path,
                     hint="close the other Queue, or open this one with readonly=True",
@@ -240,17 +265,32 @@ class Queue(Resource):
         self._r.bulk = self._bulk = BulkReader(lg)
         if readonly:
             bases = lg.segment_bases(refresh=True)
-            if bases and lock_is_free(path / WRITER_LOCK):
+            if bases and not writer_live(path):
                 lg.floor_end = bases[-1] + frames_end(path / segment_name(bases[-1]))
             return
-        tail = recover(path, self._opts, self._events)
-        lg.set_segment_bases(tail.bases)
         retention = self._retention = Retention(lg, self._opts)
-        w = self._writer = self._r.writer = SegmentWriter(
-            lg, self._opts, tail, lambda: retention.apply(w.base)
-        )
+        if self._opts.writers == "shared":
+            sw = self._r.shared = SharedWriters(path, self._opts)
+            with sw.joining():
+                if sw.enter():  # the first: recovers the log as an exclusive writer does
+                    tail = recover(path, self._opts, self._events)
+                    sw.init(tail.base, tail.end)
+                else:
+                    tail = sw.tail()
+                lg.set_segment_bases(tail.bases)
+                w = self._writer = self._r.writer = SegmentWriter(
+                    lg, self._opts, tail, lambda: retention.apply(w.base), shared=sw,
+                    events=self._events,
+                )
+        else:
+            tail = recover(path, self._opts, self._events)
+            lg.set_segment_bases(tail.bases)
+            w = self._writer = self._r.writer = SegmentWriter(
+                lg, self._opts, tail, lambda: retention.apply(w.base)
+            )
         self._fa = w.fa
-        retention.apply(w.base)
+        with owned(w.fa), w.locked():
+            retention.apply(w.base)
 
     def _open_log(self) -> LogView:
         """Map the position file (the published end, shared by every process)."""
@@ -338,7 +378,7 @@ class Queue(Resource):
         """Apply the retention policy now (it also runs at open and at every roll); return
         the base offsets of the segments deleted."""
         w = self._active_writer()
-        with owned(w.fa):
+        with owned(w.fa), w.locked():
             self._check_open()
             assert self._retention is not None
             return self._retention.apply(w.base)
@@ -350,7 +390,7 @@ class Queue(Resource):
         segment then meets ``DataLossError`` (see ``on_data_loss``)."""
         offset = check_int(offset, "offset", 0, MAX_OFFSET)
         w = self._active_writer()
-        with owned(w.fa):
+        with owned(w.fa), w.locked():
             self._check_open()
             assert self._retention is not None
             return self._retention.delete_before(offset, w.base)
@@ -494,19 +534,13 @@ class Queue(Resource):
             err = w.close() or err
         else:
             self._log.close()
-        held = (
-            lock_drained(self._path, w.end())
+        removed = (
+            self._remove_drained(w.end())
             if self._opts.remove_when_empty and w is not None and not err and first_error is None
-            else None
+            else False
         )
-        if held is not None:
-            try:
-                remove_queue_files(self._path)
-            finally:
-                for fd in held:
-                    os.close(fd)
         self._finalizer()
-        if held is not None:
+        if removed:
             with contextlib.suppress(OSError):
                 os.rmdir(self._path)
         if first_error is not None:
@@ -516,6 +550,23 @@ class Queue(Resource):
                 f"final msync of {self._path} failed: {os.strerror(err)}", errno_=err,
                 path=self._path, hint="recently enqueued messages may not be durable",
             )
+
+    def _remove_drained(self, end: int) -> bool:
+        """``remove_when_empty``: delete the queue's files if every group has committed
+        ``end`` (shared writers: the last one to close, under the join lock)."""
+        sw = self._r.shared
+        with sw.joining() if sw is not None else contextlib.nullcontext():
+            if sw is not None and not sw.last():
+                return False
+            held = lock_drained(self._path, end)
+            if held is None:
+                return False
+            try:
+                remove_queue_files(self._path)
+            finally:
+                for fd in held:
+                    os.close(fd)
+        return True
 
     def __repr__(self) -> str:
         opts = self._opts

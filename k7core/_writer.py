@@ -15,13 +15,35 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import ClosedError, StorageError
-from ._format import SPARE_MIN_SIZE, SPARE_SEGMENT, Fsync, orphaned_name, segment_name
-from ._kernel import BADOFFSETS, EIO, NOFIT, TOOLARGE, address, ffi, lib, owned
+from ._errors import ClosedError, QueueLockedError, StorageError
+from ._format import (
+    SHARED_PIDS,
+    SPARE_MIN_SIZE,
+    SPARE_SEGMENT,
+    Fsync,
+    orphaned_name,
+    segment_name,
+    shared_spare_name,
+)
+from ._kernel import (
+    BADOFFSETS,
+    BUSY,
+    EIO,
+    NOFIT,
+    RECOVER,
+    REMAP,
+    TOOLARGE,
+    address,
+    ffi,
+    lib,
+    owned,
+)
 from ._log import LogView
 from ._native._fast import CLOSED, Appender
 from ._options import QueueOptions
-from ._recovery import Tail, discard_stray, msync_range
+from ._recovery import Tail, cut_tail, discard_stray, msync_range
+from ._shared import SharedWriters
+from ._stats import RecoveryEvent
 from ._storage import (
     SpareSegment,
     create_segment,
@@ -34,17 +56,28 @@ from ._storage import (
 
 log = logging.getLogger("k7core")
 
+SLOW_TRIES = 8  # fixes a slow path may need in a row (wait, recover, follow, roll, ...)
+
 _from_buffer = ffi.from_buffer
 
 
 class SegmentWriter:
     """Appends to the log of ``log.path`` from the recovered ``tail``; ``on_roll`` runs after
-    every roll (retention). ``fa`` is the C fast path; ``c`` the ``k7_writer`` (counters)."""
+    every roll (retention). ``fa`` is the C fast path; ``c`` the ``k7_writer`` (counters).
+
+    With ``shared`` (writers="shared"), every append, roll and recovery happens under the
+    directory's shared lock: the kernel takes it on the fast path and returns BUSY, RECOVER,
+    REMAP or NOFIT with it held (or to be waited for), and the slow paths here fix the cause
+    under it, then release it (``k7_shared_release``, a no-op for an exclusive writer).
+    ``tail`` is then where the log ended when this writer joined."""
 
     def __init__(
-        self, log_view: LogView, options: QueueOptions, tail: Tail, on_roll: Callable[[], Any]
+        self, log_view: LogView, options: QueueOptions, tail: Tail, on_roll: Callable[[], Any],
+        *, shared: SharedWriters | None = None, events: list[RecoveryEvent] | None = None,
     ) -> None:
         self._log = log_view
+        self._shared = shared
+        self._events = events if events is not None else []
         self._opts = options
         self._path = log_view.path
         self._on_roll = on_roll
@@ -61,19 +94,25 @@ class SegmentWriter:
         w.pub = log_view.pub
         w.mode = options.fsync.code
         w.max_frame = options.segment_size
+        if shared is not None:
+            w.sh = shared.sh
         self.fa = Appender(address(w))
         seg = self._path / segment_name(tail.base)
-        if options.durable and tail.end and msync_range(m, 0, tail.end):
-            raise StorageError(f"msync of {seg} failed at open", path=seg)
-        # Frames recovered after a crash are made durable before readers may see them.
-        lib.k7_publish(log_view.pub, tail.base + tail.end)
+        if shared is None or shared.first:
+            if options.durable and tail.end and msync_range(m, 0, tail.end):
+                raise StorageError(f"msync of {seg} failed at open", path=seg)
+            # Frames recovered after a crash are made durable before readers may see them.
+            lib.k7_publish(log_view.pub, tail.base + tail.end)
         if options.fsync is Fsync.ASYNC:
             slot = log_view.flush_slot()
             w.bell = slot.bell
             slot.set_writer(w)
             log_view.set_written(self._written)
+        self._spare_name = SPARE_SEGMENT if shared is None else shared_spare_name(os.getpid())
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path / SPARE_SEGMENT)  # one left by a crash
+            os.unlink(self._path / self._spare_name)  # one left by a crash
+        if shared is not None:
+            self._register(os.getpid())
         self._prepare_spare(prefault=False)
 
     # ------------------------------------------------------------------ state
@@ -98,8 +137,8 @@ class SegmentWriter:
 
     def enqueue_slow(self, data: Any, rc: int) -> int:
         """``enqueue`` after the fast path returned ``rc`` < 0."""
-        with owned(self.fa):
-            for _ in range(2):
+        with owned(self.fa), self._released():
+            for _ in range(SLOW_TRIES):
                 if rc == CLOSED:
                     self._raise_closed()
                 elif rc == EIO:
@@ -109,6 +148,8 @@ class SegmentWriter:
                 elif rc == NOFIT:
                     self._check_size(memoryview(data).nbytes)
                     self.roll()
+                elif rc in (BUSY, RECOVER, REMAP):
+                    self._hold()
                 else:
                     return rc
                 rc = self.fa.append(data)
@@ -120,7 +161,7 @@ class SegmentWriter:
         self, items: list[Any] | tuple[Any, ...], out: list[int] | int
     ) -> list[int]:
         """``enqueue_many`` after the fast path returned ``out`` (a short list or a code)."""
-        with owned(self.fa):
+        with owned(self.fa), self._released():
             offsets: list[int] = []
             while True:
                 if isinstance(out, list):
@@ -136,13 +177,15 @@ class SegmentWriter:
                 elif out in (0, NOFIT):
                     self._check_size(memoryview(items[len(offsets)]).nbytes)
                     self.roll()
+                elif out in (BUSY, RECOVER, REMAP):
+                    self._hold()
                 else:
                     raise AssertionError(f"unexpected append_many result {out}")
                 out = self.fa.append_many(items, len(offsets))
 
     def append_columnar(self, data: Any, offsets: memoryview, n: int) -> array.array[int]:
         """``enqueue_columnar``: ``n`` messages of ``data`` cut at ``offsets``."""
-        with owned(self.fa):
+        with owned(self.fa), self._released():
             if self._closed:
                 self._raise_closed()
             out = array.array("q", bytes(8 * n))
@@ -165,6 +208,9 @@ class SegmentWriter:
                     self._check_size(max(offsets[i + 1] - offsets[i] for i in range(done, n)))
                 if rc == EIO:
                     self.raise_eio()
+                if rc in (BUSY, RECOVER, REMAP):
+                    self._hold()
+                    continue
                 self._check_size(offsets[done + 1] - offsets[done])
                 self.roll()
             return out
@@ -202,12 +248,13 @@ class SegmentWriter:
             self.check_segment()
 
     def roll(self) -> None:
-        """Seal the current segment where the next frame did not fit and start the next one."""
+        """Seal the current segment where the next frame did not fit and start the next one
+        (a shared writer: under the shared lock, at the shared end, which it holds)."""
         w = self.c
         new_base = int(w.base + w.pos)
         durable = self._opts.durable
         self.check_segment()
-        if durable:
+        if durable or self._shared is not None:  # shared: every roll msyncs (synced >= base)
             with self._lock():
                 if lib.k7_writer_sync(w):
                     self.raise_eio()
@@ -231,6 +278,8 @@ class SegmentWriter:
         with self._lock():
             w.seg, w.cap, w.base = m.ptr, m.size, new_base
             w.pos = w.written = w.synced = 0
+            if self._shared is not None:
+                lib.k7_shared_rolled(w)
             old, self._seg_map = self._seg_map, m
         old.close()
         self._log.set_segment_bases([*self._log.segment_bases(), new_base])
@@ -243,7 +292,7 @@ class SegmentWriter:
         since it opened, and so will likely fill the next one, gets it."""
         if self._opts.segment_size >= SPARE_MIN_SIZE:
             self._spare = SpareSegment(
-                self._path / SPARE_SEGMENT, self._opts.segment_size,
+                self._path / self._spare_name, self._opts.segment_size,
                 durable=self._opts.durable, prefault=prefault, mode=self._opts.file_mode,
             )
 
@@ -265,6 +314,91 @@ class SegmentWriter:
             log.warning("k7core: removed %s, left by a failed roll%s", segment_name(base),
                         f" (kept as {side})" if side else "")
 
+    # ------------------------------------------------------------------ shared writers
+
+    @contextlib.contextmanager
+    def _released(self) -> Any:
+        """A slow path: whatever happens in it, the shared lock is not kept after it."""
+        try:
+            yield
+        finally:
+            lib.k7_shared_release(self.c)
+
+    @contextlib.contextmanager
+    def locked(self) -> Any:
+        """The block runs under the shared lock (for retention); nothing for an exclusive
+        writer. The caller owns ``fa``."""
+        if self._shared is None:
+            yield
+            return
+        with self._released():
+            self._hold()
+            yield
+
+    def _hold(self) -> None:
+        """Take the shared lock (waiting, without the GIL) and bring this writer up to date:
+        cut the tail of a writer that died holding it, follow another writer's roll."""
+        for _ in range(SLOW_TRIES):
+            rc = lib.k7_shared_lock(self.c)
+            if rc == 0:
+                return
+            if rc == RECOVER:
+                self._recover_dead()
+            elif rc == REMAP:
+                self._follow()
+            else:
+                self.raise_eio()
+        raise AssertionError("the shared state did not settle")  # pragma: no cover
+
+    def _follow(self) -> None:
+        """Under the shared lock: map the segment another writer rolled to, and write there."""
+        assert self._shared is not None
+        w = self.c
+        base = self._shared.state().base
+        seg = self._path / segment_name(base)
+        m = map_file(seg, writable=True)
+        if m is None:
+            raise StorageError(f"{seg}, where the shared writers write, is missing or empty",
+                               path=seg, hint="another program changed the queue directory")
+        m.prefetch()
+        with self._lock():
+            w.seg, w.cap, w.base = m.ptr, m.size, base
+            lib.k7_shared_follow(w)
+            old, self._seg_map = self._seg_map, m
+        old.close()
+        self._log.segment_bases(refresh=True)
+        self._note_segment(base)
+
+    def _recover_dead(self) -> None:
+        """Under the shared lock, which a writer held when it died: cut what it left past the
+        shared end (never returned to anyone: saved to a side file and zeroed, as at open),
+        drop a segment its roll left, forget it, then let the writers go on."""
+        assert self._shared is not None
+        w = self.c
+        state = self._shared.state()
+        if state.base != int(w.base):
+            self._follow()
+        base = int(w.base)
+        cut_tail(self._path, self._opts, self._seg_map, base, state.pos, self._events)
+        self._remove_strays(base)
+        dead = self._shared.remove_dead(w)
+        lib.k7_shared_recovered(w)
+        log.warning("k7core: a shared writer of %s died holding its lock (pid %s); the log "
+                    "goes on at offset %d", self._path,
+                    ", ".join(map(str, dead)) or "unknown", base + state.pos)
+
+    def _register(self, pid: int) -> None:
+        """Enter this process in the shared state's writers (``pid``), or leave it (0)."""
+        w = self.c
+        with self._released():
+            self._hold()
+            old, new = (0, pid) if pid else (os.getpid(), 0)
+            if lib.k7_shared_swap_pid(w, old, new):
+                raise QueueLockedError(
+                    f"queue {self._path} has {SHARED_PIDS} shared writers already",
+                    path=self._path, hint="close some of them (at most that many at once)",
+                )
+
     # ------------------------------------------------------------------ the segment file
 
     def _note_segment(self, base: int) -> None:
@@ -281,6 +415,8 @@ class SegmentWriter:
         w, m = self.c, self._seg_map
         if m.closed:
             return
+        if self._shared is not None and self._shared.state().base != int(w.base):
+            return  # another writer rolled: the segment this one maps is sealed (and msynced)
         base, written = int(w.base), int(w.pos)
         seg = self._path / segment_name(base)
         try:
@@ -325,7 +461,11 @@ class SegmentWriter:
         with self._lock():
             # an earlier failure stays reported: pages whose writeback failed may be
             # gone even if this msync succeeds
-            return int(lib.k7_writer_sync(self.c)) or int(self.c.err)
+            err = int(lib.k7_writer_sync(self.c)) or int(self.c.err)
+        if self._shared is not None:
+            with contextlib.suppress(StorageError):  # a dead state: nobody to tell
+                self._register(0)
+        return err
 
     def release(self) -> None:
         """Unmap the segment and drop the spare. Idempotent; also run by the finalizer."""

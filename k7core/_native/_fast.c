@@ -228,6 +228,10 @@ static PyObject *Appender_append(Appender *self, PyObject *data) {
         UNLOCKED_OWNED(self, rc = kernel->append(w, p, n));
     } else {
         rc = kernel->append(w, p, n);
+        if (rc == K7_BUSY) { /* another process holds the shared lock: wait for it unlocked */
+            UNLOCKED_OWNED(self, kernel->shared_lock(w));
+            rc = kernel->append(w, p, n);
+        }
     }
     if (held) PyBuffer_Release(&buf);
     return PyLong_FromLongLong(rc);
@@ -306,6 +310,10 @@ static PyObject *Appender_append_many(Appender *self, PyObject *const *args, Py_
             UNLOCKED_OWNED(self, rc = kernel->append_many(w, (uint8_t **)ptrs, lens, n, offs));
         } else {
             rc = kernel->append_many(w, (uint8_t **)ptrs, lens, n, offs);
+            if (rc == K7_BUSY) {
+                UNLOCKED_OWNED(self, kernel->shared_lock(w));
+                rc = kernel->append_many(w, (uint8_t **)ptrs, lens, n, offs);
+            }
         }
     }
     if (rc <= 0) {
@@ -313,15 +321,18 @@ static PyObject *Appender_append_many(Appender *self, PyObject *const *args, Py_
         goto done;
     }
     result = PyList_New((Py_ssize_t)rc);
-    if (!result) goto done;
+    if (!result) goto release;
     for (i = 0; i < (Py_ssize_t)rc; i++) {
         PyObject *v = PyLong_FromLongLong(offs[i]);
         if (!v) {
             Py_CLEAR(result);
-            goto done;
+            goto release;
         }
         PyList_SET_ITEM(result, i, v);
     }
+    goto done;
+release: /* no list for the caller: a short batch must not keep the shared lock */
+    kernel->shared_release(w);
 done:
     for (i = 0; i < nheld; i++) PyBuffer_Release(&bufs[i]);
     PyMem_Free(bufs);

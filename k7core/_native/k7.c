@@ -311,6 +311,249 @@ int k7_bell_wait(k7_bell *b, uint32_t seen, int64_t timeout_ns) {
     return __atomic_load_n(&b->seq, __ATOMIC_SEQ_CST) != seen;
 }
 
+
+/* ------------------------------------------------------------------ shared writers
+ *
+ * Several processes append to one directory (docs/concurrency.md). `mu` serialises appends
+ * and rolls: its holder reads the shared end (base, pos), writes its frames there and
+ * stores the new end before it unlocks, so a call's frames are contiguous and offsets are
+ * handed out in lock order. A holder that dies leaves `mu` to the next locker with
+ * EOWNERDEAD: the mutex is made consistent at once and `recover` set, and every locker gets
+ * K7_RECOVER until the tail past `pos` is cut (its frames were never returned to anyone).
+ * `sync_mu` serialises msyncs: one msync of [synced, end) serves every process waiting
+ * (group commit). Lock order: mu, then sync_mu. Invariant: synced >= base (a roll msyncs
+ * the segment it seals), so a writer that still maps an older segment has nothing to sync
+ * there. */
+
+#define K7_SHARED_MAGIC 0x314A4853595037CBULL
+#define K7_SHARED_VERSION 1
+
+struct k7_shared {
+    uint64_t magic;          /* written last by init (release) */
+    uint64_t size;           /* sizeof(struct k7_shared): refuses another build's layout */
+    uint32_t version;
+    int32_t mode;            /* K7_MODE_* every writer of the directory uses */
+    pthread_mutex_t mu;
+    pthread_mutex_t sync_mu;
+    int64_t base;            /* the segment written; under mu, read atomically by syncs */
+    int64_t pos;             /* the write position in it; under mu */
+    int64_t end;             /* atomic: base + pos */
+    int64_t synced;          /* atomic, only grows: the end of msync'd frames */
+    int32_t recover;         /* under mu: a holder died; its tail is not cut yet */
+    int32_t npids;
+    int64_t deaths;          /* atomic: holders found dead */
+    int64_t nsyncs;          /* atomic: msyncs of the log by every writer */
+    int32_t pids[K7_SHARED_PIDS];  /* under mu: the writing processes (0: free) */
+};
+
+_Static_assert(sizeof(struct k7_shared) <= K7_SHARED_FILE_SIZE, "the state fits its file");
+
+static int robust_mutex(pthread_mutex_t *m) {
+    pthread_mutexattr_t a;
+    int rc = pthread_mutexattr_init(&a);
+    if (rc) return rc;
+    rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    if (!rc) rc = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    if (!rc) rc = pthread_mutex_init(m, &a);
+    pthread_mutexattr_destroy(&a);
+    return rc;
+}
+
+int k7_shared_init(uint8_t *map, int64_t len, int64_t base, int64_t pos, int32_t mode) {
+    if (len < (int64_t)sizeof(struct k7_shared)) return EINVAL;
+    struct k7_shared *s = (struct k7_shared *)map;
+    __atomic_store_n(&s->magic, 0, __ATOMIC_RELEASE);
+    memset(s, 0, sizeof *s);
+    int rc = robust_mutex(&s->mu);
+    if (!rc) rc = robust_mutex(&s->sync_mu);
+    if (rc) return rc;
+    s->size = sizeof *s;
+    s->version = K7_SHARED_VERSION;
+    s->mode = mode;
+    s->base = base;
+    s->pos = pos;
+    s->end = s->synced = base + pos;
+    __atomic_store_n(&s->magic, K7_SHARED_MAGIC, __ATOMIC_RELEASE);
+    return 0;
+}
+
+k7_shared *k7_shared_attach(uint8_t *map, int64_t len) {
+    if (len < (int64_t)sizeof(struct k7_shared)) return NULL;
+    struct k7_shared *s = (struct k7_shared *)map;
+    if (LOAD_ACQ(&s->magic) != K7_SHARED_MAGIC || s->size != sizeof *s ||
+        s->version != K7_SHARED_VERSION)
+        return NULL;
+    return s;
+}
+
+/* Lock mu (block: wait; else K7_BUSY when taken) unless held; then check the state. */
+static int shared_enter(k7_writer *w, int block) {
+    k7_shared *s = w->sh;
+    if (!w->held) {
+        int rc = block ? pthread_mutex_lock(&s->mu) : pthread_mutex_trylock(&s->mu);
+        if (rc == EBUSY && !block) return K7_BUSY;
+        if (rc == EOWNERDEAD) {
+            pthread_mutex_consistent(&s->mu);
+            s->recover = 1;
+            __atomic_fetch_add(&s->deaths, 1, __ATOMIC_RELAXED);
+            rc = 0;
+        }
+        if (rc) {
+            w->err = rc;
+            return K7_EIO;
+        }
+        w->held = 1;
+    }
+    if (s->recover) return K7_RECOVER;
+    if (s->base != w->base) return K7_REMAP;
+    w->pos = s->pos;
+    return 0;
+}
+
+int k7_shared_lock(k7_writer *w) { return shared_enter(w, 1); }
+
+void k7_shared_release(k7_writer *w) {
+    if (w->sh && w->held) {
+        w->held = 0;
+        pthread_mutex_unlock(&w->sh->mu);
+    }
+}
+
+/* Under mu: frames up to w->pos are complete; make them the shared end. */
+static void shared_store_end(k7_writer *w) {
+    k7_shared *s = w->sh;
+    s->pos = w->pos;
+    STORE_REL(&w->written, w->pos);
+    STORE_REL(&s->end, w->base + w->pos);
+    if (w->mode == K7_MODE_FLUSH) k7_publish(w->pub, (uint64_t)(w->base + w->pos));
+}
+
+/* Publish `end` unless a larger end is published already. */
+static void publish_max(k7_pos *p, uint64_t end) {
+    uint64_t cur = LOAD_ACQ(&p->end);
+    while (cur < end) {
+        if (__atomic_compare_exchange_n(&p->end, &cur, end, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_ACQUIRE)) {
+            __atomic_fetch_add(&p->seq, 1, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+            if (__atomic_load_n(&p->waiters, __ATOMIC_SEQ_CST)) futex_wake(&p->seq, 0x7FFFFFFF, 0);
+#endif
+            return;
+        }
+    }
+}
+
+static int writer_msync(k7_writer *w, int64_t start, int64_t end);
+
+/* msync every frame up to `want` (a global offset) that is not yet, through w's map; then
+ * publish what is synced (durable modes). 0 or an errno. */
+static int shared_sync(k7_writer *w, int64_t want) {
+    k7_shared *s = w->sh;
+    int rc = 0;
+    if (LOAD_ACQ(&s->synced) < want) {
+        rc = pthread_mutex_lock(&s->sync_mu);
+        if (rc == EOWNERDEAD) {  /* died in an msync: nothing to repair, it is done again */
+            pthread_mutex_consistent(&s->sync_mu);
+            rc = 0;
+        }
+        if (rc) return rc;
+        int64_t done = LOAD_ACQ(&s->synced);
+        if (done < want) {
+            int64_t end = LOAD_ACQ(&s->end); /* before base: an end of a newer segment */
+            int64_t base = LOAD_ACQ(&s->base); /* comes with that segment's base */
+            if (base == w->base && end > done) {
+                int64_t from = done > base ? done - base : 0;
+                rc = writer_msync(w, from, end - base);
+                if (!rc) {
+                    __atomic_fetch_add(&s->nsyncs, 1, __ATOMIC_RELAXED);
+                    int64_t cur = LOAD_ACQ(&s->synced);
+                    while (cur < end && !__atomic_compare_exchange_n(
+                               &s->synced, &cur, end, 0, __ATOMIC_RELEASE, __ATOMIC_ACQUIRE)) {
+                    }
+                }
+            } /* else w maps an older segment: the roll that sealed it msynced it */
+        }
+        pthread_mutex_unlock(&s->sync_mu);
+    }
+    if (!rc && w->mode != K7_MODE_FLUSH) publish_max(w->pub, (uint64_t)LOAD_ACQ(&s->synced));
+    return rc;
+}
+
+/* Under mu, after frames were written: store the end, unlock, then make them durable and
+ * visible per mode. The global offset after them is `end`. */
+static int64_t shared_finish(k7_writer *w) {
+    int64_t end = w->base + w->pos;
+    shared_store_end(w);
+    k7_shared_release(w);
+    if (w->mode == K7_MODE_ASYNC) {
+        k7_bell_ring(w->bell);
+    } else if (w->mode == K7_MODE_SYNC) {
+        int rc = shared_sync(w, end);
+        if (rc) {
+            w->err = rc;
+            return K7_EIO;  /* written (others may follow it): not durable, not rolled back */
+        }
+    }
+    return 0;
+}
+
+void k7_shared_state(const k7_shared *s, int64_t *out) {
+    out[0] = LOAD_ACQ(&s->base);
+    out[1] = s->pos;
+    out[2] = LOAD_ACQ(&s->end);
+    out[3] = LOAD_ACQ(&s->synced);
+    out[4] = s->recover;
+    out[5] = __atomic_load_n(&s->deaths, __ATOMIC_RELAXED);
+    out[6] = __atomic_load_n(&s->nsyncs, __ATOMIC_RELAXED);
+    out[7] = s->mode;
+    out[8] = s->npids;
+}
+
+void k7_shared_follow(k7_writer *w) {
+    w->pos = w->sh->pos;
+    STORE_REL(&w->written, w->pos);
+    w->synced = 0;
+}
+
+void k7_shared_rolled(k7_writer *w) {
+    k7_shared *s = w->sh;
+    w->pos = w->synced = 0;
+    STORE_REL(&w->written, 0);
+    s->pos = 0;
+    STORE_REL(&s->base, w->base);
+    STORE_REL(&s->end, w->base);
+}
+
+void k7_shared_recovered(k7_writer *w) {
+    k7_shared *s = w->sh;
+    s->recover = 0;
+    w->pos = s->pos;
+    STORE_REL(&w->written, w->pos);
+    if (w->mode == K7_MODE_FLUSH) k7_publish(w->pub, (uint64_t)(w->base + w->pos));
+    else publish_max(w->pub, (uint64_t)LOAD_ACQ(&s->synced));
+}
+
+int k7_shared_swap_pid(k7_writer *w, int32_t old, int32_t pid) {
+    k7_shared *s = w->sh;
+    for (int i = 0; i < K7_SHARED_PIDS; i++) {
+        if (s->pids[i] == old) {
+            s->pids[i] = pid;
+            s->npids += (pid != 0) - (old != 0);
+            return 0;
+        }
+    }
+    return old ? 0 : ENOSPC;
+}
+
+int64_t k7_shared_pids(const k7_shared *s, int32_t *out, int64_t n) {
+    int64_t k = 0;
+    for (int i = 0; i < K7_SHARED_PIDS && k < n; i++) {
+        int32_t pid = __atomic_load_n(&s->pids[i], __ATOMIC_RELAXED);
+        if (pid) out[k++] = pid;
+    }
+    return k;
+}
+
 /* ------------------------------------------------------------------ msync */
 
 int32_t k7_fault_msync;
@@ -396,18 +639,44 @@ static inline int64_t finish(k7_writer *w, int64_t start) {
     return 0;
 }
 
+/* Shared writers: enter (rc != 0: returned as is) before any frame is written. */
+#define SHARED_ENTER(w)                                                   \
+    if ((w)->sh) {                                                        \
+        int e_ = shared_enter((w), (w)->mode == K7_MODE_SYNC);            \
+        if (e_) return e_;                                                \
+    }
+
+/* Frames up to w->pos were written from start: the end of the call (shared: unlocks). */
+static inline int64_t done(k7_writer *w, int64_t start) {
+    return w->sh ? shared_finish(w) : finish(w, start);
+}
+
 int64_t k7_append(k7_writer *w, const uint8_t *data, int64_t len) {
     if (w->err) return K7_EIO;
+    SHARED_ENTER(w);
     int64_t start = w->pos;
     int64_t next = put_frame(w->seg, w->cap, start, data, len);
     if (next < 0) return K7_NOFIT;
     w->pos = next;
-    int64_t rc = finish(w, start);
+    int64_t rc = done(w, start);
     return rc ? rc : w->base + start;
+}
+
+/* A batch of i frames written from start, n asked: a short batch of a shared writer keeps
+ * the lock (the caller rolls, then writes the rest: the call's frames stay contiguous). */
+static inline int64_t batch_done(k7_writer *w, int64_t start, int64_t i, int64_t n) {
+    if (w->sh && i < n) {
+        if (i) shared_store_end(w);
+        return i;
+    }
+    if (i == 0) return 0;
+    int64_t rc = done(w, start);
+    return rc ? rc : i;
 }
 
 int64_t k7_append_many(k7_writer *w, uint8_t **datas, const int64_t *lens, int64_t n, int64_t *out_offsets) {
     if (w->err) return K7_EIO;
+    SHARED_ENTER(w);
     int64_t start = w->pos, pos = start, i = 0;
     for (; i < n; i++) {
         int64_t next = put_frame(w->seg, w->cap, pos, datas[i], lens[i]);
@@ -415,10 +684,8 @@ int64_t k7_append_many(k7_writer *w, uint8_t **datas, const int64_t *lens, int64
         out_offsets[i] = w->base + pos;
         pos = next;
     }
-    if (i == 0) return 0;
     w->pos = pos;
-    int64_t rc = finish(w, start);
-    return rc ? rc : i;
+    return batch_done(w, start, i, n);
 }
 
 /* Columnar batches: message i is buf[offsets[i] .. offsets[i+1]) (an Arrow binary column,
@@ -427,13 +694,15 @@ int64_t k7_append_many(k7_writer *w, uint8_t **datas, const int64_t *lens, int64
     int64_t NAME(k7_writer *w, const uint8_t *buf, int64_t buf_len, const OFF_T *offsets,     \
                  int64_t n, int64_t *out_offsets) {                                          \
         if (w->err) return K7_EIO;                                                            \
-        int64_t start = w->pos, pos = start, i;                                               \
+        int64_t start, pos, i;                                                                \
         for (i = 0; i < n; i++) {                                                             \
             int64_t a = offsets[i], b = offsets[i + 1];                                       \
             if (a < 0 || b < a || b > buf_len) return K7_BADOFFSETS;                          \
             if (w->max_frame > 0 && (b - a > K7_MAX_LEN || k7_frame_size(b - a) > w->max_frame)) \
                 return K7_TOOLARGE;                                                           \
         }                                                                                     \
+        SHARED_ENTER(w);                                                                      \
+        start = pos = w->pos;                                                                 \
         for (i = 0; i < n; i++) {                                                             \
             int64_t a = offsets[i], b = offsets[i + 1];                                       \
             int64_t next = put_frame(w->seg, w->cap, pos, buf + a, b - a);                    \
@@ -441,16 +710,19 @@ int64_t k7_append_many(k7_writer *w, uint8_t **datas, const int64_t *lens, int64
             out_offsets[i] = w->base + pos;                                                   \
             pos = next;                                                                       \
         }                                                                                     \
-        if (i == 0) return 0;                                                                 \
         w->pos = pos;                                                                         \
-        int64_t rc = finish(w, start);                                                        \
-        return rc ? rc : i;                                                                   \
+        return batch_done(w, start, i, n);                                                    \
     }
 
 K7_APPEND_COLUMNAR(k7_append_columnar, int64_t)
 K7_APPEND_COLUMNAR(k7_append_columnar32, int32_t)
 
 int k7_writer_sync(k7_writer *w) {
+    if (w->sh) {  /* every writer's frames, not only this one's */
+        int rc = shared_sync(w, LOAD_ACQ(&w->sh->end));
+        if (rc) w->err = rc;
+        return rc;
+    }
     int64_t end = LOAD_ACQ(&w->written);
     if (end > w->synced) {
         int rc = writer_msync(w, w->synced, end);
@@ -785,6 +1057,8 @@ static const k7_api api = {
     .track = k7_track,
     .ack = k7_ack,
     .ack_many = k7_ack_many,
+    .shared_lock = k7_shared_lock,
+    .shared_release = k7_shared_release,
 };
 
 const k7_api *k7_api_table(void) { return &api; }

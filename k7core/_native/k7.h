@@ -44,6 +44,18 @@
 #define K7_EIO (-2)        /* msync failed (now or earlier, sticky); errno in w->err */
 #define K7_BADOFFSETS (-3) /* columnar offsets not monotonic or outside the buffer */
 #define K7_TOOLARGE (-4)   /* a frame larger than w->max_frame: nothing written */
+/* Shared writers only; the shared lock is held on return of RECOVER and REMAP (and of NOFIT
+ * or a short batch), so that the caller's fix and the retry happen under it. */
+#define K7_BUSY (-5)       /* the shared lock is taken: k7_shared_lock (blocking), then retry */
+#define K7_RECOVER (-6)    /* a writer died holding the lock: cut its tail, k7_shared_recovered */
+#define K7_REMAP (-7)      /* another writer rolled: map the segment at k7_shared_state's base */
+
+/* Shared writers (Queue(writers="shared")): the state every writing process of a directory
+ * maps from the file k7py-writers (K7_SHARED_FILE_SIZE bytes). Opaque here (it holds two
+ * process-shared robust pthread mutexes: appends and rolls; msyncs); k7.c owns its layout. */
+#define K7_SHARED_FILE_SIZE 4096
+#define K7_SHARED_PIDS 64         /* at most this many writing processes at once */
+typedef struct k7_shared k7_shared;
 
 /* Published position (an mmap'd file shared by all processes). */
 typedef struct {
@@ -75,6 +87,9 @@ typedef struct {
     int64_t sync_ns;     /* total time in the log's msyncs (ns) */
     int64_t sync_max_ns; /* longest msync of the log (ns) */
     int64_t sync_hist[40]; /* msyncs by duration: bucket k counts those of [2^(k-1), 2^k) ns */
+    k7_shared *sh;       /* shared writers: the directory's shared state; NULL: exclusive */
+    int32_t held;        /* shared writers: this writer holds sh's lock */
+    int32_t pad_;
 } k7_writer;
 
 /* Cursor state: one per consumer group (process-private). */
@@ -149,6 +164,29 @@ int64_t k7_append_columnar(k7_writer *w, const uint8_t *buf, int64_t buf_len, co
 int64_t k7_append_columnar32(k7_writer *w, const uint8_t *buf, int64_t buf_len, const int32_t *offsets, int64_t n, int64_t *out_offsets);
 int k7_writer_sync(k7_writer *w);   /* msync [synced, written), publish; 0 or errno */
 void k7_writer_rollback(k7_writer *w, int64_t pos);
+
+/* Shared writers. init: the first writer of a directory (no other live) makes the state,
+ * the log's end at base + pos, written with fsync mode `mode`; attach: a later one checks it
+ * (NULL: not a valid state). The functions below take the writer (w->sh set). */
+int k7_shared_init(uint8_t *map, int64_t len, int64_t base, int64_t pos, int32_t mode);
+k7_shared *k7_shared_attach(uint8_t *map, int64_t len);
+/* Take the lock (blocking) unless held; then 0 (w->pos is the shared end), K7_RECOVER,
+ * K7_REMAP or K7_EIO (w->err set: the lock is unusable). Held in every case but EIO. */
+int k7_shared_lock(k7_writer *w);
+void k7_shared_release(k7_writer *w);             /* unlock if held */
+/* base, pos, end, synced, recover, deaths, nsyncs, mode, npids (9 values) */
+void k7_shared_state(const k7_shared *s, int64_t *out);
+/* Under the lock: the writer now writes the segment at w->base from w->pos (a remap). */
+void k7_shared_follow(k7_writer *w);
+/* Under the lock, after the caller mapped the new segment into w (seg, cap, base; pos 0):
+ * every writer goes on there. */
+void k7_shared_rolled(k7_writer *w);
+/* Under the lock: the dead holder's tail is cut; publish per mode and clear the flag. */
+void k7_shared_recovered(k7_writer *w);
+/* Under the lock: register (or with pid 0 as `old`, find a free slot for) a writing process.
+ * 0, or ENOSPC when K7_SHARED_PIDS processes write already. */
+int k7_shared_swap_pid(k7_writer *w, int32_t old, int32_t pid);
+int64_t k7_shared_pids(const k7_shared *s, int32_t *out, int64_t n);
 
 /* Position publication and waiting (futex on Linux, sleep elsewhere). */
 void k7_publish(k7_pos *p, uint64_t end);
@@ -225,5 +263,7 @@ typedef struct k7_api {
     int (*track)(k7_inflight *f, int64_t n);
     int (*ack)(k7_inflight *f, int64_t off);
     int64_t (*ack_many)(k7_inflight *f, const int64_t *offs, int64_t n);
+    int (*shared_lock)(k7_writer *w);
+    void (*shared_release)(k7_writer *w);
 } k7_api;
 const k7_api *k7_api_table(void);

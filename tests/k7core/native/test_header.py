@@ -42,6 +42,11 @@ COUNTERPARTS: dict[str, int] = {
     "K7_EIO": _kernel.EIO,
     "K7_BADOFFSETS": _kernel.BADOFFSETS,
     "K7_TOOLARGE": _kernel.TOOLARGE,
+    "K7_BUSY": _kernel.BUSY,
+    "K7_RECOVER": _kernel.RECOVER,
+    "K7_REMAP": _kernel.REMAP,
+    "K7_SHARED_FILE_SIZE": _format.SHARED_FILE_SIZE,
+    "K7_SHARED_PIDS": _format.SHARED_PIDS,
 }
 
 _SYMBOLS = {"INT64_MAX": 2**63 - 1}

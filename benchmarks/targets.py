@@ -357,6 +357,10 @@ def _k7_shared(kind: str, procs: int) -> tuple[str, str]:
     return f"{shared_name('enqueue', procs)} {AGGREGATE}", OS_BUFFERED
 
 
+def _times(r: float) -> str:
+    return f"{r:,.0f} x" if r >= 10 else f"{r:.2f} x"
+
+
 def shared_ratios(records: list[dict[str, Any]]) -> str:
     """Shared k7 writers against each multi-process peer with as many processes, one message
     per call: k7 flush (1, 2, 4 processes) against every peer, and k7 sync (1 and 8
@@ -383,7 +387,7 @@ def shared_ratios(records: list[dict[str, Any]]) -> str:
                     continue
                 rows.append(f"| {label} | {_fmt(ours['value'])} msg/s ({k7_dur}) "
                             f"| {_fmt(theirs['value'])} msg/s ({dur}) "
-                            f"| {ours['value'] / theirs['value']:,.0f} x |")
+                            f"| {_times(ours['value'] / theirs['value'])} |")
     return "\n".join(rows) + "\n"
 
 

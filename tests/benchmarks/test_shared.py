@@ -112,5 +112,5 @@ def test_targets_tables() -> None:
     ratios = targets.shared_ratios(records)
     assert "| persist-queue SQLiteQueue, 1 process: k7 flush | not in this run |" in ratios
     assert ("| persist-queue SQLiteQueue, 1 process: k7 sync | 2,000 msg/s (fsync per put) "
-            "| 1,000 msg/s (fsync per put) | 2 x |") in ratios
+            "| 1,000 msg/s (fsync per put) | 2.00 x |") in ratios
     assert "| litequeue, 4 processes | | not in this run | — |" in ratios

@@ -18,7 +18,9 @@ huey and beanstalkd, 100-byte bodies; every name starts with ``jobs``, so ``--on
 pgqueuer's enqueue; ``--only outbox``), ``_server`` (our beanstalkd server against
 beanstalkd 1.12, the same client processes for both; ``--only server``), ``_workers``
 (issue 16: worker throughput with an empty consumer, k7's workers against huey, pgqueuer,
-arq and RQ; ``--only workers``).
+arq and RQ; ``--only workers``), ``_shared`` (issue 17: several writer processes on one
+queue, ``writers="shared"``, against persist-queue and litequeue in as many processes;
+``--only shared``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import traceback
 from datetime import date
 from pathlib import Path
 
-from . import _async, _jobs, _k7, _outbox, _peers, _scenarios, _server, _workers
+from . import _async, _jobs, _k7, _outbox, _peers, _scenarios, _server, _shared, _workers
 from ._harness import (
     Case,
     Record,
@@ -81,6 +83,9 @@ def build_cases(quick: bool, peers: bool) -> tuple[list[Case], list[Skipped]]:
                                                   peers)
     cases += worker_cases
     skipped += worker_skipped
+    shared_cases, shared_skipped = _shared.cases(_shared.QUICK if quick else _shared.FULL, peers)
+    cases += shared_cases
+    skipped += shared_skipped
     if peers:
         peer_cases, peer_skipped = _peers.cases(*((1_000, 100) if quick else (5_000, 500)))
         cases += peer_cases
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     selected = list(iter_selected(cases, args.only))
     skipped = [s for s in skipped if not args.only or any(o.lower() in s.name.lower()
                                                             for o in args.only)]
-    if not selected:
+    if not selected and not skipped:
         ap.error(f"no case matches --only {args.only}")
     if args.list:
         print("\n".join(c.name for c in selected))

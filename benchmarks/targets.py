@@ -3,7 +3,9 @@ the records of one run: ``python -m benchmarks.targets FILE.json`` prints a Mark
 (target, measured, met or missed), then a second one: the job store's ratio to each job-queue
 peer of the same run (issue 14 asks for the ratios; they have no floor), then a third: our
 server against beanstalkd 1.12, load by load (``_server``), then a fourth: k7's workers
-against each worker peer (``_workers``).
+against each worker peer (``_workers``), then a fifth: issue 17's targets for shared
+writers (target, measured, met or missed), then a sixth: shared k7 writers against the
+multi-process peers, process count by process count (``_shared``; no floor).
 
 Every figure comes from the JSON that ``python -m benchmarks --json FILE.json`` wrote, so a
 ratio always compares two figures of the same run. A record missing from the file (a
@@ -42,6 +44,16 @@ from ._server import (
     pipelined_name,
     put_name,
     take_name,
+)
+from ._shared import (
+    AGGREGATE,
+    K7_PROCS,
+    ONE_WRITER,
+    PEER_PROCS,
+    SYNC_CASE,
+    SYNC_PROCS,
+    peer_name,
+    shared_name,
 )
 from ._workers import BARE_LOOP, K7_ASYNC, K7_WORKER, K7_WORKER_SYNC, server_name
 
@@ -321,10 +333,69 @@ def worker_ratios(records: list[dict[str, Any]]) -> str:
     return "\n".join(rows) + "\n"
 
 
-def table(records: list[dict[str, object]]) -> str:
+# Issue 17: several writer processes on one queue (``_shared``), a table of its own.
+SHARED_TARGETS = [
+    Target('shared: one writer process, `writers="shared"` ≥ 0.8 x exclusive (`enqueue`, '
+           "flush)", _at_least(f"{ONE_WRITER} shared/exclusive", 0.8, "x")),
+    *[Target(f"shared: {p} writer processes, `enqueue` (flush) ≥ 2M msg/s aggregate",
+             _at_least(f"{shared_name('enqueue', p)} {AGGREGATE}", 2e6)) for p in (2, 4)],
+    *[Target(f"shared: {p} writer processes, `enqueue_many(1000)` (flush) ≥ 10M msg/s "
+             "aggregate", _at_least(f"{shared_name('enqueue_many(1000)', p)} {AGGREGATE}", 10e6))
+      for p in (2, 4)],
+    Target(f'shared: {SYNC_PROCS} writer processes, `"sync"` ≥ 5 x 1 process (durable '
+           "`enqueue`, aggregate; against the faster of 1 shared and 1 exclusive writer)",
+           _at_least(f"{SYNC_CASE} {SYNC_PROCS}/1", 5, "x")),
+]
+
+
+def _k7_shared(kind: str, procs: int) -> tuple[str, str]:
+    """The k7 record that does the same work as a peer's ``procs`` processes of ``put``
+    (with ``kind`` "flush" or "sync"), and its durability class."""
+    if kind == "sync":
+        return (f"{SYNC_CASE} {procs} processes" if procs > 1
+                else f"{SYNC_CASE} 1 process writers=shared"), FSYNC_PER_PUT
+    return f"{shared_name('enqueue', procs)} {AGGREGATE}", OS_BUFFERED
+
+
+def _times(r: float) -> str:
+    return f"{r:,.0f} x" if r >= 10 else f"{r:.2f} x"
+
+
+def shared_ratios(records: list[dict[str, Any]]) -> str:
+    """Shared k7 writers against each multi-process peer with as many processes, one message
+    per call: k7 flush (1, 2, 4 processes) against every peer, and k7 sync (1 and 8
+    processes) against the peers of the same durability class."""
+    by_name = {str(r["name"]): r for r in records}
+    rows = ["| shared writers vs peer, same processes | k7 (durability) | peer (durability) "
+            "| k7 / peer |", "|---|---|---|---|"]
+    for peer, procs in PEER_PROCS.items():
+        for p in procs:
+            theirs = by_name.get(f"{peer_name(peer, p)} {AGGREGATE}")
+            if theirs is None:
+                rows.append(f"| {peer}, {p} processes | | not in this run | — |")
+                continue
+            dur = theirs["params"].get("durability", "?")
+            kinds = (["flush"] if p in K7_PROCS else []) + (
+                ["sync"] if dur == FSYNC_PER_PUT and p in (1, SYNC_PROCS) else [])
+            for kind in kinds:
+                name, k7_dur = _k7_shared(kind, p)
+                ours = by_name.get(name)
+                label = f"{peer}, {p} process{'es' if p > 1 else ''}: k7 {kind}"
+                if ours is None:
+                    rows.append(f"| {label} | not in this run | {_fmt(theirs['value'])} msg/s "
+                                f"({dur}) | — |")
+                    continue
+                rows.append(f"| {label} | {_fmt(ours['value'])} msg/s ({k7_dur}) "
+                            f"| {_fmt(theirs['value'])} msg/s ({dur}) "
+                            f"| {_times(ours['value'] / theirs['value'])} |")
+    return "\n".join(rows) + "\n"
+
+
+def table(records: list[dict[str, object]], targets: list[Target] | None = None) -> str:
+    """Each target (``TARGETS`` by default) against the records of one run."""
     values: Values = {str(r["name"]): float(r["value"]) for r in records}  # type: ignore[arg-type]
     rows = ["| target | measured (medians of this run) | |", "|---|---|---|"]
-    for t in TARGETS:
+    for t in TARGETS if targets is None else targets:
         try:
             measured, ok = t.check(values)
         except KeyError as e:
@@ -346,6 +417,10 @@ def main() -> None:
     print(server_ratios(records), end="")
     print()
     print(worker_ratios(records), end="")
+    print()
+    print(table(records, SHARED_TARGETS), end="")
+    print()
+    print(shared_ratios(records), end="")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks._shared import SHARED_WRITERS
 from tests._queuehelp import ROOT
 
 KEYS = {"name", "unit", "value", "min", "max", "params"}
 UNITS = {"msg/s", "us", "MB/s", "MB", "GB", "cpu/wall", "msg/msync", "threads", "jobs/s",
-         "B/job", "s", "rows/s", "ms"}
+         "B/job", "s", "rows/s", "ms", "x"}
 
 
 def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -72,6 +73,11 @@ def test_quick_every_case_runs(tmp_path: Path) -> None:
     expected_cases += ["workers k7 Worker [flush], 1 thread", "workers k7 Worker [sync]",
                        "workers k7 AsyncWorker [flush], 1 task (asyncio)",
                        "workers k7 Worker over k7 server", "workers baseline"]
+    if SHARED_WRITERS:  # issue 17's engine (until it lands, the shared cases are skipped)
+        expected_cases += ["shared k7 [flush] enqueue, 1 writer process, exclusive vs shared",
+                           "shared k7 [flush] enqueue, 4 writer processes",
+                           "shared k7 [flush] enqueue_many(1000), 2 writer processes",
+                           "shared k7 [sync] enqueue, 8 writer processes vs 1"]
     for expected in expected_cases:
         assert any(expected in c for c in cases), expected
     out = tmp_path / "bench.json"
@@ -90,7 +96,8 @@ def test_quick_every_case_runs(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "benchmarks.targets", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    targets_text, ratios_text, server_text, workers_text = proc.stdout.split("\n\n")
+    (targets_text, ratios_text, server_text, workers_text, shared_text,
+     shared_ratios_text) = proc.stdout.split("\n\n")
     rows = [ln for ln in targets_text.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
     from benchmarks.targets import TARGETS
 
@@ -102,3 +109,12 @@ def test_quick_every_case_runs(tmp_path: Path) -> None:
     assert server_text.startswith("| load | ours | beanstalkd |"), server_text
     assert workers_text.startswith("| workers: peer vs k7 |"), workers_text
     assert "vs the bare reserve + delete loop" in workers_text, workers_text
+    # Issue 17's targets: all measured once the engine takes writers= (quick sizes, no
+    # peers), none before; then the shared writers against the peers (none in this run).
+    shared_rows = [ln for ln in shared_text.splitlines()
+                   if ln.startswith("| ") and "---" not in ln][1:]
+    from benchmarks.targets import SHARED_TARGETS
+
+    assert len(shared_rows) == len(SHARED_TARGETS)
+    assert all(("not in this run" in r) != SHARED_WRITERS for r in shared_rows), shared_rows
+    assert shared_ratios_text.startswith("| shared writers vs peer,"), shared_ratios_text

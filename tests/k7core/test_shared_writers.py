@@ -17,16 +17,20 @@ with unpublished bytes past the end. Afterwards (:func:`check_log`):
 
 ``"sync"``'s durability (fsynced before return) cannot be checked without losing power; its
 runs check the same properties with fewer messages. Seeds are fixed (``K7_SHARED_SEED``).
+A hypothesis test interleaves several shared writers of this process (enqueue,
+enqueue_many, rolls, close and reopen) against a model of the log.
 Threads in this process only read the children's report lines; synchronisation is by those
 lines, never by sleeping.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -34,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import k7core
 from tests._childproc import DEADLINE, Child
@@ -186,6 +192,7 @@ def test_exclusive_and_shared_writers_exclude_each_other(tmp_path: Path) -> None
         with pytest.raises(k7core.QueueLockedError) as exc:
             k7core.Queue(qdir, fsync="flush")
         assert "writers='shared'" in str(exc.value)
+        assert "writers='shared'" in (exc.value.hint or "")
         with pytest.raises(k7core.QueueLockedError) as exc:
             k7core.Queue(qdir, writers="shared", fsync="sync")
         assert "fsync" in str(exc.value)
@@ -206,7 +213,7 @@ def test_exclusive_and_shared_writers_exclude_each_other(tmp_path: Path) -> None
             assert "QueueLockedError" in child.stderr()
 
 
-def test_exclusive_open_refused_while_a_shared_writer_process_lives(tmp_path: Path) -> None:
+def test_exclusive_writer_process_refused_beside_a_shared_writer(tmp_path: Path) -> None:
     qdir = tmp_path / "q"
     with k7core.Queue(qdir, writers="shared", fsync="flush") as q:
         q.enqueue(b"mine")
@@ -395,3 +402,63 @@ def test_writer_killed_while_holding_the_lock(
     assert [p for _, p in log if parse_payload(p)[0] == 1] == [
         shared_payload(1, i) for i in range(20 if others == "live" else 21)]
     assert [o for o, p in log if parse_payload(p)[0] == 0] == mine_offs
+
+
+# --------------------------------------------------------------------------------------
+# (4) interleavings of several shared writers in one process, against a model
+# --------------------------------------------------------------------------------------
+
+HANDLES = 3
+_op = st.one_of(
+    st.tuples(st.just("enqueue"), st.integers(0, HANDLES - 1), st.integers(0, 1500)),
+    st.tuples(st.just("many"), st.integers(0, HANDLES - 1),
+              st.lists(st.integers(0, 900), min_size=1, max_size=6)),
+    st.tuples(st.just("close"), st.integers(0, HANDLES - 1), st.just(0)),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(_op, max_size=60))
+def test_interleaved_shared_writers_in_one_process_match_a_model(
+    ops: list[tuple[str, int, object]]
+) -> None:
+    """``HANDLES`` queues opened with ``writers="shared"`` on one directory in this process
+    take turns at ``enqueue`` / ``enqueue_many`` (sizes up to a third of a segment: rolls by
+    any of them) and ``close`` (a closed one reopens on its next turn; when all are closed,
+    the next to open is the first writer again and recovers at open). Each returned offset
+    is the model's, a reader that stays open sees the model's log, and so does the closed
+    queue."""
+    with tempfile.TemporaryDirectory() as tmp:
+        qdir = Path(tmp) / "q"
+        model: list[bytes] = []
+        end = 0
+        handles: list[k7core.Queue | None] = [None] * HANDLES
+        k7core.Queue(qdir, fsync="flush", segment_size=SEG).close()
+        with ExitStack() as stack:
+            ro = stack.enter_context(k7core.Queue(qdir, readonly=True))
+            for op, h, arg in ops:
+                q = handles[h]
+                if op == "close":
+                    if q is not None:
+                        q.close()
+                        handles[h] = None
+                    continue
+                if q is None:
+                    q = handles[h] = stack.enter_context(
+                        k7core.Queue(qdir, writers="shared", fsync="flush", segment_size=SEG))
+                sizes = [arg] if op == "enqueue" else arg
+                assert isinstance(sizes, list)
+                msgs = [b"%d.%d:" % (h, len(model) + j) + b"x" * n for j, n in enumerate(sizes)]
+                want = []
+                for m in msgs:
+                    want.append(end)
+                    end += frame_size(len(m))
+                got = [q.enqueue(msgs[0])] if op == "enqueue" else q.enqueue_many(msgs)
+                assert got == want, (op, h, sizes)
+                model += msgs
+                assert ro.end == end
+            assert [p for _, p in read_records(ro, 0)] == model
+        with k7core.Queue(qdir, readonly=True) as q:
+            assert read_records(q, 0) == [(o, p) for o, p in zip(
+                itertools.accumulate((frame_size(len(m)) for m in model), initial=0), model,
+                strict=False)]

@@ -31,6 +31,7 @@ from ._format import (
     SHARED_SPARE_RE,
     SPARE_SEGMENT,
     WRITER_LOCK,
+    Fsync,
     segment_name,
     shared_spare_name,
 )
@@ -125,10 +126,10 @@ class SharedWriters:
         self.sh = sh
         mode = read_state(sh).mode
         if mode != self._opts.fsync.code:
-            names = {0: "flush", 1: "async", 2: "sync"}
+            theirs = next((f.value for f in Fsync if f.code == mode), mode)
             raise QueueLockedError(
                 f"queue {self.path} is written by shared writers with fsync="
-                f"{names.get(mode, mode)!r}, not {self._opts.fsync.value!r}",
+                f"{theirs!r}, not {self._opts.fsync.value!r}",
                 path=self.path, hint="every shared writer of a queue uses the same fsync strategy",
             )
         return False
@@ -158,9 +159,6 @@ class SharedWriters:
 
     def state(self) -> SharedState:
         return read_state(self.sh)
-
-    def pids(self) -> list[int]:
-        return read_pids(self.sh)
 
     def _remove_spares(self) -> None:
         """The first writer: spares that writers before it left (none of them lives)."""

@@ -321,12 +321,16 @@ int k7_bell_wait(k7_bell *b, uint32_t seen, int64_t timeout_ns) {
  * EOWNERDEAD: the mutex is made consistent at once and `recover` set, and every locker gets
  * K7_RECOVER until the tail past `pos` is cut (its frames were never returned to anyone).
  * `sync_mu` serialises msyncs: one msync of [synced, end) serves every process waiting
- * (group commit). Lock order: mu, then sync_mu. Invariant: synced >= base (a roll msyncs
+ * (group commit). Waiters do not queue on sync_mu (each would wake only after the msync
+ * started after it, though the one before covered it): a waiter sleeps on `sync_seq` (the
+ * msyncs done) until the msync that covers it ends: the running one if its `covering` end
+ * reaches the waiter's frames, else the next, whose leader the running one wakes.
+ * Lock order: mu, then sync_mu. Invariant: synced >= base (a roll msyncs
  * the segment it seals), so a writer that still maps an older segment has nothing to sync
  * there. */
 
 #define K7_SHARED_MAGIC 0x314A4853595037CBULL
-#define K7_SHARED_VERSION 1
+#define K7_SHARED_VERSION 2
 
 struct k7_shared {
     uint64_t magic;          /* written last by init (release) */
@@ -343,6 +347,9 @@ struct k7_shared {
     int32_t npids;
     int64_t deaths;          /* atomic: holders found dead */
     int64_t nsyncs;          /* atomic: msyncs of the log by every writer */
+    int64_t covering;        /* atomic: the end the running msync covers (0: not known yet) */
+    uint32_t sync_seq;       /* atomic futex word: msyncs ended (waiters sleep on it) */
+    uint32_t sync_waiters;   /* atomic: processes asleep on sync_seq */
     int32_t pids[K7_SHARED_PIDS];  /* under mu: the writing processes (0: free) */
 };
 
@@ -445,38 +452,96 @@ static void publish_max(k7_pos *p, uint64_t end) {
 
 static int writer_msync(k7_writer *w, int64_t start, int64_t end);
 
+/* A leader's msync runs longer than this only on a slow disk (a waiter then looks again)
+ * or when the leader died in it (the next trylock gets EOWNERDEAD and takes over). */
+#define K7_SYNC_WAIT_NS 10000000LL
+
+#ifdef __linux__
+/* The futex bit of waiters for the msync that makes sync_seq `seq`: the end of one msync
+ * wakes only those it covers (and one leader for the next). */
+static uint32_t sync_bit(uint32_t seq) { return 1u << (seq & 31); }
+#endif
+
+/* Sleep until the msync that covers `want` ends (or a while passes); sync_seq was `seq`
+ * and another process holds sync_mu. */
+static void sync_wait(k7_shared *s, uint32_t seq, int64_t want) {
+    __atomic_fetch_add(&s->sync_waiters, 1, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+    int64_t covering = __atomic_load_n(&s->covering, __ATOMIC_SEQ_CST);
+    /* not known yet: maybe covered (a wrong guess costs one more look, never a sleep) */
+    uint32_t target = covering == 0 || covering >= want ? seq + 1 : seq + 2;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += K7_SYNC_WAIT_NS;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    if (__atomic_load_n(&s->synced, __ATOMIC_SEQ_CST) < want)
+        syscall(SYS_futex, &s->sync_seq, FUTEX_WAIT_BITSET, seq, &ts, NULL, sync_bit(target));
+#else
+    (void)want;
+    for (int i = 0; i < 200 && __atomic_load_n(&s->sync_seq, __ATOMIC_SEQ_CST) == seq; i++)
+        k7_sleep_ns(50000);
+#endif
+    __atomic_fetch_sub(&s->sync_waiters, 1, __ATOMIC_SEQ_CST);
+}
+
 /* msync every frame up to `want` (a global offset) that is not yet, through w's map; then
  * publish what is synced (durable modes). 0 or an errno. */
 static int shared_sync(k7_writer *w, int64_t want) {
     k7_shared *s = w->sh;
     int rc = 0;
-    if (LOAD_ACQ(&s->synced) < want) {
-        rc = pthread_mutex_lock(&s->sync_mu);
+    while (LOAD_ACQ(&s->synced) < want) {
+        uint32_t seq = __atomic_load_n(&s->sync_seq, __ATOMIC_SEQ_CST);
+        rc = pthread_mutex_trylock(&s->sync_mu);
+        if (rc == EBUSY) {  /* another process msyncs: its msync may cover `want` */
+            sync_wait(s, seq, want);
+            rc = 0;
+            continue;
+        }
         if (rc == EOWNERDEAD) {  /* died in an msync: nothing to repair, it is done again */
             pthread_mutex_consistent(&s->sync_mu);
             rc = 0;
         }
         if (rc) return rc;
+        seq = __atomic_load_n(&s->sync_seq, __ATOMIC_SEQ_CST);
+        int older = 0;
         int64_t done = LOAD_ACQ(&s->synced);
         if (done < want) {
             int64_t end = LOAD_ACQ(&s->end); /* before base: an end of a newer segment */
             int64_t base = LOAD_ACQ(&s->base); /* comes with that segment's base */
-            if (base == w->base && end > done) {
+            older = base != w->base; /* w maps an older segment: the roll that sealed it */
+            if (!older && end > done) { /* msynced it */
+                __atomic_store_n(&s->covering, end, __ATOMIC_SEQ_CST);
                 int64_t from = done > base ? done - base : 0;
                 rc = writer_msync(w, from, end - base);
                 if (!rc) {
                     __atomic_fetch_add(&s->nsyncs, 1, __ATOMIC_RELAXED);
                     int64_t cur = LOAD_ACQ(&s->synced);
                     while (cur < end && !__atomic_compare_exchange_n(
-                               &s->synced, &cur, end, 0, __ATOMIC_RELEASE, __ATOMIC_ACQUIRE)) {
+                               &s->synced, &cur, end, 0, __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE)) {
                     }
                 }
-            } /* else w maps an older segment: the roll that sealed it msynced it */
+            }
         }
+        __atomic_store_n(&s->covering, 0, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&s->sync_seq, seq + 1, __ATOMIC_SEQ_CST);
         pthread_mutex_unlock(&s->sync_mu);
+#ifdef __linux__
+        if (__atomic_load_n(&s->sync_waiters, __ATOMIC_SEQ_CST)) {
+            syscall(SYS_futex, &s->sync_seq, FUTEX_WAKE_BITSET, 0x7FFFFFFF, NULL, NULL,
+                    sync_bit(seq + 1));
+            if (LOAD_ACQ(&s->end) > LOAD_ACQ(&s->synced)) /* a leader for the next msync */
+                syscall(SYS_futex, &s->sync_seq, FUTEX_WAKE_BITSET, 1, NULL, NULL,
+                        sync_bit(seq + 2));
+        }
+#endif
+        if (rc) return rc;
+        if (older) break;
     }
-    if (!rc && w->mode != K7_MODE_FLUSH) publish_max(w->pub, (uint64_t)LOAD_ACQ(&s->synced));
-    return rc;
+    if (w->mode != K7_MODE_FLUSH) publish_max(w->pub, (uint64_t)LOAD_ACQ(&s->synced));
+    return 0;
 }
 
 /* Under mu, after frames were written: store the end, unlock, then make them durable and

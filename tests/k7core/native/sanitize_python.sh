@@ -5,8 +5,11 @@
 # Default tests: the kernel's (tests/k7core/native/test_kernel.py), recovery and format (which
 # drive the scanners through the library), and the API, fault, spare and thread tests
 # (the fast paths of _fast, the kernel's fault-injection global, the flusher thread),
-# and a damaged directory (the cursor walk, the SIGBUS guard's zero pages) and permissions.
-# Any sanitizer report aborts the run (nonzero exit, report on stderr). PYTHON picks the
+# a damaged directory (the cursor walk, the SIGBUS guard's zero pages), permissions, and
+# shared writers (the lock and recovery paths, in writer processes the tests start and kill:
+# they inherit the preload and import the instrumented copy).
+# Any sanitizer report, in the test process or a child, fails the run (nonzero exit, the
+# reports on stderr). PYTHON picks the
 # interpreter (it needs pytest, hypothesis, crc32c, cffi, setuptools); CC the compiler.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../../.." && pwd)"
@@ -20,7 +23,8 @@ shift || true
 if [ "$#" -eq 0 ]; then
     set -- tests/k7core/native/test_kernel.py tests/k7core/test_recovery.py tests/k7core/test_format.py \
         tests/k7core/test_api.py tests/k7core/test_faults.py tests/k7core/test_spare.py \
-        tests/k7core/test_threads.py tests/k7core/test_damage.py tests/k7core/test_permissions.py
+        tests/k7core/test_threads.py tests/k7core/test_damage.py tests/k7core/test_permissions.py \
+        tests/k7core/test_shared_writers.py
 fi
 python="$(command -v "${PYTHON:-python3}")"
 case "$python" in /*) ;; *) python="$PWD/$python" ;; esac  # not resolved: keep the venv
@@ -55,10 +59,19 @@ echo "k7-sanitized build $(( $(date +%s) - start ))s"
 # instrument what the tests compile themselves (test_kernel.py's software-CRC wrapper).
 start=$(date +%s)
 cd "$src"
+# Reports go to files ($out/sanitizer.<pid>): a child's would otherwise be lost with its stderr.
+rm -f "$out"/sanitizer.*
+status=0
 env LD_PRELOAD="$asan" \
-    ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:print_summary=1" \
-    UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+    ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:print_summary=1:log_path=$out/sanitizer" \
+    UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$out/sanitizer" \
     PYTHONMALLOC=malloc PYTHONPATH="$src:$src/tests/k7core/native" K7_SANITIZED_ROOT="$src" \
     CC="$cc" CFLAGS="$flags" LDFLAGS="$flags" \
-    "$python" -m pytest -q --capture=sys -p no:cacheprovider -p sanitized_plugin "$@"
+    "$python" -m pytest -q --capture=sys -p no:cacheprovider -p sanitized_plugin "$@" || status=$?
 echo "k7-sanitized tests $(( $(date +%s) - start ))s"
+if compgen -G "$out/sanitizer.*" >/dev/null; then
+    cat "$out"/sanitizer.* >&2
+    echo "k7-sanitized: sanitizer reports above" >&2
+    exit 1
+fi
+exit "$status"

@@ -6,7 +6,8 @@
   seeds).
 * ``tests/k7core/native/sanitize_python.sh`` builds both compiled modules (``_k7``, the one build of
   ``k7.c``, and ``_fast``, which calls it) with the same sanitizers in a copy of the package and
-  runs the Python kernel, recovery, format, API, fault, spare and thread tests against them.
+  runs the Python kernel, recovery, format, API, fault, spare, thread and shared-writer tests
+  against them (the shared writers' child processes included).
 
 Any sanitizer report, broken invariant or failed test fails these tests with the output.
 """

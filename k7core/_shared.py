@@ -226,21 +226,41 @@ def shared_live(path: Path) -> bool:
         os.close(lock)
 
 
-def shared_pids(path: Path) -> tuple[int, ...]:
-    """The live processes that write the queue in ``path`` with writers="shared" (empty when
-    none does), read from the state file without taking its lock."""
+def _live_state(path: Path) -> tuple[tuple[int, ...], Fsync] | None:
+    """The live shared writers of ``path`` and their fsync strategy, read from the state
+    file without taking its lock; None when no shared writer holds the queue."""
     if not shared_live(path):
-        return ()
+        return None
     try:
         fd = open_fd(path / SHARED_FILE, os.O_RDONLY)
     except StorageError:
-        return ()
+        return None
     try:
         m = Mapping(fd, SHARED_FILE_SIZE, writable=False)
     finally:
         os.close(fd)
     try:
         sh = lib.k7_shared_attach(m.ptr, SHARED_FILE_SIZE)
-        return () if sh == ffi.NULL else tuple(sorted({p for p in read_pids(sh) if alive(p)}))
+        if sh == ffi.NULL:
+            return None
+        mode = read_state(sh).mode
+        fsync = next((f for f in Fsync if f.code == mode), None)
+        if fsync is None:
+            return None
+        return tuple(sorted({p for p in read_pids(sh) if alive(p)})), fsync
     finally:
         m.close()
+
+
+def shared_pids(path: Path) -> tuple[int, ...]:
+    """The live processes that write the queue in ``path`` with writers="shared" (empty when
+    none does)."""
+    live = _live_state(path)
+    return () if live is None else live[0]
+
+
+def shared_fsync(path: Path) -> Fsync | None:
+    """The fsync strategy of the shared writers that hold the queue in ``path`` (None when
+    none does): a process joining them must open with it."""
+    live = _live_state(path)
+    return None if live is None else live[1]

@@ -18,6 +18,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from .. import K7Error, Queue, QueueLockedError, StorageError
+from .._shared import shared_fsync
 from .._storage import map_file, open_fd
 from ._arrow import PAYLOAD_SCHEMA, append_binary, payload_column
 from ._errors import K7OptionError
@@ -115,12 +116,16 @@ def append_staged(q: Queue, files: list[str], skip: int = 0) -> None:
 
 
 def open_writer(path: str, lock_timeout: float) -> Queue:
-    """The queue at ``path`` opened as its writer; retried with backoff while another
-    process holds the writer lock, for ``lock_timeout`` seconds."""
+    """The queue at ``path`` opened as its writer: exclusive, or one more shared writer when
+    processes write it with ``writers="shared"`` (with their fsync strategy); retried with
+    backoff while an exclusive writer holds it, for ``lock_timeout`` seconds."""
     deadline = time.monotonic() + lock_timeout
     delay = 0.01
     while True:
         try:
+            shared = shared_fsync(Path(path))
+            if shared is not None:
+                return Queue(path, fsync=shared.value, writers="shared")
             return Queue(path, fsync="flush")
         except QueueLockedError:
             if time.monotonic() >= deadline:

@@ -72,8 +72,10 @@ class K7StreamWriter(Sink, DataSourceStreamArrowWriter):
 
     An interrupted commit is finished from its own staged files, kept until ``done``: the
     frames from ``start`` that equal the staged payloads in order are what was appended
-    before the crash; the rest is appended. (Only if another writer appended, after the
-    crash, frames equal to the next staged payloads could this be fooled.) A crash after
+    before the crash; the rest is appended. With shared writers (``writers="shared"``: the
+    sink then joins them) other processes' frames may lie between the sink's, and are
+    skipped. (Only if another writer appended, after the crash, frames equal to the next
+    staged payloads could this be fooled.) A crash after
     ``done`` but before Spark recorded the batch makes Spark replay it, and step 2 skips it.
     """
 
@@ -139,20 +141,27 @@ class K7StreamWriter(Sink, DataSourceStreamArrowWriter):
 
 
 def count_appended(q: Queue, start: int, files: list[str]) -> int:
-    """How many of the staged payloads (in order) are in the queue from ``start``."""
+    """How many of the staged payloads (in order) are in the queue from ``start``: the
+    frames right after ``start``, or with shared writers (whose frames may come between the
+    sink's appends) the frames in order with others' between them."""
+    shared = q.writers == "shared"
     matched = 0
     batch, i = q.read_columnar(start, BATCH_MESSAGES), 0
     for file in files:
         for rows in staged_batches(file):
             for value in rows.column(0).to_pylist():
-                if i == len(batch):
-                    if not len(batch):
+                while True:
+                    if i == len(batch):
+                        if not len(batch):
+                            return matched
+                        batch, i = q.read_columnar(batch.next, BATCH_MESSAGES), 0
+                        if not len(batch):
+                            return matched
+                    same = bytes(batch.payload(i)) == value
+                    i += 1
+                    if same:
+                        break
+                    if not shared:
                         return matched
-                    batch, i = q.read_columnar(batch.next, BATCH_MESSAGES), 0
-                    if not len(batch):
-                        return matched
-                if bytes(batch.payload(i)) != value:
-                    return matched
-                i += 1
                 matched += 1
     return matched

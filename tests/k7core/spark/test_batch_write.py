@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,11 @@ import pytest
 
 import k7core
 from k7core.spark import STAGING_DIR
+from tests._childproc import Child
 from tests._queuehelp import read_all as read_queue
+from tests.k7core._shared_children import parse_payload
+
+SHARED_CHILDREN = "tests.k7core._shared_children"
 
 pytestmark = pytest.mark.spark
 
@@ -73,4 +78,33 @@ def test_clear_errors(spark: Any, tmp_path: Path) -> None:
     with k7core.Queue(path), pytest.raises(Exception, match="stayed locked by another writer"):
         ok.write.format("k7").mode("append").option("lockTimeout", "0.3").save(str(path))
     assert read_all(path) == []
+    assert staged(path) == []
+
+
+def test_append_beside_shared_writer_processes(spark: Any, tmp_path: Path) -> None:
+    """With processes writing the queue with writers="shared", the commit joins them (with
+    their fsync) instead of waiting for the writer lock; nothing of anyone's is lost."""
+    path = tmp_path / "q"
+    count = 30_000
+    with k7core.Queue(path, writers="shared", fsync="sync") as here, \
+            Child("write", str(path), "sync", str(1 << 20), "1", "5", str(count),
+                  program=SHARED_CHILDREN) as child:
+        assert child.line() == b"ready"
+        lines: list[bytes] = []
+        drain = threading.Thread(target=lambda: lines.extend(child.lines_until_exit()))
+        drain.start()
+        here.enqueue(b"from the test")
+        rows = [(b"spark-%d" % i,) for i in range(2000)]
+        spark.createDataFrame(rows, "payload BINARY").repartition(3).write.format("k7").option(
+            "lockTimeout", "1").mode("append").save(str(path))
+        here.enqueue(b"after spark")
+        drain.join()
+    assert lines[-1] == b"done", child.stderr()
+    got = read_all(path)
+    spark_rows = [m for m in got if m.startswith(b"spark-")]
+    assert sorted(spark_rows) == sorted(r[0] for r in rows)
+    mine = [parse_payload(m) for m in got if m.startswith(b"w")]
+    assert mine == [(1, seq) for seq in range(count)]
+    assert got.index(b"from the test") < got.index(b"after spark")
+    assert len(got) == len(rows) + count + 2
     assert staged(path) == []

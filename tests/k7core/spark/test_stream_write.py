@@ -154,3 +154,35 @@ def test_replayed_batch_is_skipped_and_interrupted_commit_is_finished(tmp_path: 
     ))
     with pytest.raises(k7core.K7Error, match="interrupted while being appended"):
         writer(tmp_path, target).commit([], 3)
+
+
+def test_interrupted_commit_is_finished_beside_shared_writers(tmp_path: Path) -> None:
+    """A shared writer holds the queue open: the sink joins it, and finishing an interrupted
+    commit skips the other writer's frames between the sink's own."""
+    target = tmp_path / "target"
+    b1 = [b"one-%d" % i for i in range(20)]
+    w = writer(tmp_path, target)
+    files = [stage(w, b1[:10]).file, stage(w, b1[10:]).file]
+    with k7core.Queue(target, writers="shared", fsync="flush") as other:
+        other.enqueue(b"before")
+        start_offset = other.end
+        # the sink appended 13 of batch 1's 20 messages in three calls, with the other
+        # writer's between them, then was killed
+        with k7core.Queue(target, writers="shared", fsync="flush") as sink:
+            sink.enqueue_many(b1[:6])
+            other.enqueue_many([b"x1", b"x2"])
+            sink.enqueue_many(b1[6:13])
+            other.enqueue(b"x3")
+        record = target / f"{SINK_PREFIX}{QUERY_ID}.json"
+        record.write_text(json.dumps(
+            {"batch": 1, "state": "appending", "start": start_offset, "files": files}
+        ))
+        w = writer(tmp_path, target)
+        w.commit([stage(w, b1)], 1)  # the replay of batch 1: finished, not appended again
+        w = writer(tmp_path, target)
+        w.commit([stage(w, [b"two"])], 2)
+        other.enqueue(b"after")
+    assert read_all(target) == [
+        b"before", *b1[:6], b"x1", b"x2", *b1[6:13], b"x3", *b1[13:], b"two", b"after"
+    ]
+    assert json.loads(record.read_text())["state"] == "done"

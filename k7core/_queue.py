@@ -486,10 +486,11 @@ class Queue(Resource):
             groups.append(GroupInfo(name, committed, lag, msgs, group_owned(path, name, locks)))
         w = self._writer.c if self._writer is not None else None
         ret = self._retention
+        pids = shared_pids(path)
         return QueueStats(
             path=str(path),
             readonly=opts.readonly,
-            writer_active=not opts.readonly or locks.locked(path / WRITER_LOCK),
+            writer_active=not opts.readonly or locks.locked(path / WRITER_LOCK) or bool(pids),
             fsync=None if opts.readonly else opts.fsync.value,
             segment_size=None if opts.readonly else opts.segment_size,
             earliest_offset=earliest,
@@ -505,7 +506,7 @@ class Queue(Resource):
             retention=opts.retention,
             retention_deleted_segments=ret.deleted_segments if ret is not None else 0,
             retention_deleted_bytes=ret.deleted_bytes if ret is not None else 0,
-            writer_pids=shared_pids(path),
+            writer_pids=pids,
         )
 
     # ------------------------------------------------------------------ lifetime

@@ -72,6 +72,9 @@ class K7Collector(Collector):
         sync_hist = HistogramMetricFamily("k7_queue_log_sync_seconds",
                                           "Durations of the writer's msyncs of the log",
                                           labels=ql)
+        writers = GaugeMetricFamily("k7_queue_writer_processes",
+                                    "Processes writing with writers='shared' (0: an exclusive "
+                                    "writer or none)", labels=ql)
         recov = CounterMetricFamily("k7_queue_recovery_events",
                                     "What recovery did when the writer opened",
                                     labels=[*ql, "kind"])
@@ -106,6 +109,7 @@ class K7Collector(Collector):
             if st.log_sync is not None:
                 sync_hist.add_metric([name], _buckets(st.log_sync.buckets),
                                      st.log_sync.total_seconds)
+            writers.add_metric([name], len(st.writer_pids))
             kinds: dict[str, int] = {"torn-tail-cut": 0, "short-segment-reset": 0}
             for ev in st.recovery_events:
                 kinds[ev.kind] = kinds.get(ev.kind, 0) + 1
@@ -128,8 +132,8 @@ class K7Collector(Collector):
             in_flight.add_metric(labels, gs.in_flight)
             jumps.add_metric(labels, gs.data_loss_jumps)
         yield from gauges.values()
-        yield from (syncs, sync_hist, recov, del_seg, del_bytes, committed, lag, lag_msgs, owned,
-                    position, in_flight, jumps)
+        yield from (syncs, sync_hist, writers, recov, del_seg, del_bytes, committed, lag,
+                    lag_msgs, owned, position, in_flight, jumps)
 
 
 def _buckets(hist: tuple[int, ...]) -> list[tuple[str, float]]:

@@ -115,10 +115,10 @@ def test_stats_metrics_and_info_name_the_writing_processes(tmp_path: Path) -> No
         st = here.stats()
         assert st.writer_pids == (os.getpid(),)
         assert [e.kind for e in st.recovery_events] == ["torn-tail-cut"]
-        samples = {(s.name, s.labels.get("kind")): s.value
+        by_kind = {(s.name, s.labels.get("kind")): s.value
                    for fam in collector.collect() for s in fam.samples}
-        assert samples[("k7_queue_writer_processes", None)] == 1
-        assert samples[("k7_queue_recovery_events_total", "torn-tail-cut")] == 1
+        assert by_kind[("k7_queue_writer_processes", None)] == 1
+        assert by_kind[("k7_queue_recovery_events_total", "torn-tail-cut")] == 1
     with k7core.Queue(qdir, readonly=True) as reader:
         assert reader.stats().writer_pids == ()
 

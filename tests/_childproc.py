@@ -8,6 +8,7 @@ import their message format from ``tests._queuehelp`` as the tests do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -96,20 +97,41 @@ class Child:
         self._buf = b""
         return lines[:-1]  # the last piece is b"" (or an incomplete line: never reported)
 
-    def lines_until_exit(self) -> list[bytes]:
+    def lines_until_exit(self, total: float | None = None) -> list[bytes]:
         """Every complete line the child writes until its output ends (it exited or died),
-        then reap it. A child silent for ``DEADLINE`` is killed and fails the test with its
-        stderr (it is stuck, not dead)."""
+        then reap it. A child silent for ``DEADLINE``, or still running after ``total``
+        seconds, is stuck, not dead: it gets SIGUSR1 first (a child that registered
+        ``faulthandler`` for it prints every thread's stack), then is killed, and the test
+        fails with its stderr."""
         lines: list[bytes] = []
+        end = None if total is None else time.monotonic() + total
         while True:
             deadline = time.monotonic() + DEADLINE
+            if end is not None:
+                deadline = min(deadline, end)
             while b"\n" not in self._buf and not self._eof:
-                self._fill(deadline)
+                try:
+                    self._fill(deadline)
+                except AssertionError:
+                    self._dump_and_fail(lines)
             if b"\n" not in self._buf:  # its output ended
                 self.proc.wait(timeout=DEADLINE)
                 return lines
             line, _, self._buf = self._buf.partition(b"\n")
             lines.append(line)
+
+    def _dump_and_fail(self, lines: list[bytes]) -> None:
+        """Ask a stuck child for its stacks (SIGUSR1), kill it, fail with its stderr."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=2)  # the dump, or the default action: it ends
+            self.proc.kill()
+            self.proc.wait(timeout=DEADLINE)
+        raise AssertionError(
+            f"child stuck after {len(lines)} lines (last {lines[-3:]!r}, "
+            f"pending={self._buf[-200:]!r}); stderr:\n{self.stderr()}"
+        )
 
     def __enter__(self) -> Child:
         return self

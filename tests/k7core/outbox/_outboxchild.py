@@ -23,6 +23,7 @@ command.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sqlite3
@@ -97,6 +98,7 @@ class KillingStore(JobStore):
 
 
 def relay(kind: str, where: str, path: str, batch: str, relays: str, kill: str) -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stuck child's stacks
     with KillingStore(path, kill) as store, ExitStack() as stack:
         os.write(1, b"ready\n")
         for _ in range(int(relays)):

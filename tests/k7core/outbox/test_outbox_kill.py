@@ -28,6 +28,7 @@ from tests.k7core.outbox._outboxhelp import TUBE, App, relay_all, setup, take_al
 
 CHILD = "tests.k7core.outbox._outboxchild"
 ROUNDS = 24
+ROUND_LIMIT = 90.0  # seconds a child that should die at a store call may run (< 1 s here)
 KILLS = {  # the store's calls a child may die at, per database
     "sqlite": ["put-before", "put-after", "mark-before", "mark-after"],
     "pg": ["put-before", "put-after", "forget-before", "forget-after"],
@@ -100,7 +101,7 @@ def run_child(kind: str, where: str, store: Path, rng: random.Random, round_: in
             time.sleep(rng.random() * 0.002)  # a random moment in the next batch
             lines += child.kill_and_drain()
         else:
-            lines = child.lines_until_exit()
+            lines = child.lines_until_exit(total=ROUND_LIMIT)
         assert child.proc.returncode == -signal.SIGKILL, child.stderr()
         assert "Traceback" not in child.stderr(), child.stderr()
     assert all(line.startswith(b"P ") for line in lines), lines

@@ -253,13 +253,11 @@ void k7_sleep_ns(int64_t ns) {
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
 }
 
-#ifndef __linux__
 static int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
-#endif
 
 void k7_publish(k7_pos *p, uint64_t end) {
     __atomic_store_n(&p->end, end, __ATOMIC_SEQ_CST);
@@ -324,13 +322,27 @@ int k7_bell_wait(k7_bell *b, uint32_t seen, int64_t timeout_ns) {
  * (group commit). Waiters do not queue on sync_mu (each would wake only after the msync
  * started after it, though the one before covered it): a waiter sleeps on `sync_seq` (the
  * msyncs done) until the msync that covers it ends: the running one if its `covering` end
- * reaches the waiter's frames, else the next, whose leader the running one wakes.
+ * reaches the waiter's frames, else the next, whose leader the running one wakes. Before
+ * it msyncs, a leader gathers: it waits (briefly) for the callers the last msync woke to
+ * append again, so that one msync serves every writer in a loop of "sync" appends.
  * Lock order: mu, then sync_mu. Invariant: synced >= base (a roll msyncs
  * the segment it seals), so a writer that still maps an older segment has nothing to sync
  * there. */
 
 #define K7_SHARED_MAGIC 0x314A4853595037CBULL
-#define K7_SHARED_VERSION 2
+#define K7_SHARED_VERSION 3
+/* Looks at a taken append lock before a sync writer sleeps on it (it is held for a copy). */
+#define K7_SHARED_SPINS 50
+/* The longest an msync's leader gathers callers (and at most as long as the last msync). */
+#define K7_GATHER_MAX_NS 100000LL
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 
 struct k7_shared {
     uint64_t magic;          /* written last by init (release) */
@@ -350,6 +362,10 @@ struct k7_shared {
     int64_t covering;        /* atomic: the end the running msync covers (0: not known yet) */
     uint32_t sync_seq;       /* atomic futex word: msyncs ended (waiters sleep on it) */
     uint32_t sync_waiters;   /* atomic: processes asleep on sync_seq */
+    uint32_t arrivals;       /* atomic futex word: calls that came to wait for an msync */
+    uint32_t gather;         /* atomic: the arrivals the next msync's leader waits for */
+    uint32_t gathering;      /* atomic: a leader sleeps on arrivals */
+    int64_t sync_ns;         /* atomic: how long the last msync took */
     int32_t pids[K7_SHARED_PIDS];  /* under mu: the writing processes (0: free) */
 };
 
@@ -397,7 +413,12 @@ k7_shared *k7_shared_attach(uint8_t *map, int64_t len) {
 static int shared_enter(k7_writer *w, int block) {
     k7_shared *s = w->sh;
     if (!w->held) {
-        int rc = block ? pthread_mutex_lock(&s->mu) : pthread_mutex_trylock(&s->mu);
+        int rc = pthread_mutex_trylock(&s->mu);
+        for (int i = 0; rc == EBUSY && block && i < K7_SHARED_SPINS; i++) {
+            cpu_relax();
+            rc = pthread_mutex_trylock(&s->mu);
+        }
+        if (rc == EBUSY && block) rc = pthread_mutex_lock(&s->mu);
         if (rc == EBUSY && !block) return K7_BUSY;
         if (rc == EOWNERDEAD) {
             pthread_mutex_consistent(&s->mu);
@@ -487,11 +508,51 @@ static void sync_wait(k7_shared *s, uint32_t seq, int64_t want) {
     __atomic_fetch_sub(&s->sync_waiters, 1, __ATOMIC_SEQ_CST);
 }
 
+/* The leader of an msync (sync_mu held) waits for the callers the last msync woke to append
+ * again (`gather` arrivals), so that this msync covers them too; at most as long as the last
+ * msync took, and K7_GATHER_MAX_NS. Without it, callers woken by msync k append while k+1
+ * runs, and the writers split into two halves that take turns (half of them per msync). */
+static void sync_gather(k7_shared *s) {
+#ifdef __linux__
+    uint32_t target = __atomic_load_n(&s->gather, __ATOMIC_SEQ_CST);
+    uint32_t now = __atomic_load_n(&s->arrivals, __ATOMIC_SEQ_CST);
+    if ((int32_t)(target - now) <= 0) return;
+    int64_t limit = __atomic_load_n(&s->sync_ns, __ATOMIC_RELAXED);
+    if (limit > K7_GATHER_MAX_NS) limit = K7_GATHER_MAX_NS;
+    __atomic_store_n(&s->gathering, 1, __ATOMIC_SEQ_CST);
+    int64_t deadline = now_ns() + limit;
+    for (;;) {
+        now = __atomic_load_n(&s->arrivals, __ATOMIC_SEQ_CST);
+        target = __atomic_load_n(&s->gather, __ATOMIC_SEQ_CST); /* the waker may lower it */
+        int64_t left = deadline - now_ns();
+        if ((int32_t)(target - now) <= 0 || left <= 0) break;
+        struct timespec ts = {0, (long)left};
+        syscall(SYS_futex, &s->arrivals, FUTEX_WAIT, now, &ts, NULL, 0);
+    }
+    __atomic_store_n(&s->gathering, 0, __ATOMIC_SEQ_CST);
+#else
+    (void)s;
+#endif
+}
+
+/* A caller came to wait for an msync: wake a gathering leader if it was the last awaited. */
+static void sync_arrive(k7_shared *s) {
+    uint32_t a = __atomic_add_fetch(&s->arrivals, 1, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+    if (__atomic_load_n(&s->gathering, __ATOMIC_SEQ_CST) &&
+        (int32_t)(a - __atomic_load_n(&s->gather, __ATOMIC_SEQ_CST)) >= 0)
+        syscall(SYS_futex, &s->arrivals, FUTEX_WAKE, 1, NULL, NULL, 0);
+#else
+    (void)a;
+#endif
+}
+
 /* msync every frame up to `want` (a global offset) that is not yet, through w's map; then
  * publish what is synced (durable modes). 0 or an errno. */
 static int shared_sync(k7_writer *w, int64_t want) {
     k7_shared *s = w->sh;
     int rc = 0;
+    if (LOAD_ACQ(&s->synced) < want) sync_arrive(s);
     while (LOAD_ACQ(&s->synced) < want) {
         uint32_t seq = __atomic_load_n(&s->sync_seq, __ATOMIC_SEQ_CST);
         rc = pthread_mutex_trylock(&s->sync_mu);
@@ -509,13 +570,16 @@ static int shared_sync(k7_writer *w, int64_t want) {
         int older = 0;
         int64_t done = LOAD_ACQ(&s->synced);
         if (done < want) {
+            sync_gather(s);
             int64_t end = LOAD_ACQ(&s->end); /* before base: an end of a newer segment */
             int64_t base = LOAD_ACQ(&s->base); /* comes with that segment's base */
             older = base != w->base; /* w maps an older segment: the roll that sealed it */
             if (!older && end > done) { /* msynced it */
                 __atomic_store_n(&s->covering, end, __ATOMIC_SEQ_CST);
                 int64_t from = done > base ? done - base : 0;
+                int64_t ns = w->sync_ns;
                 rc = writer_msync(w, from, end - base);
+                __atomic_store_n(&s->sync_ns, w->sync_ns - ns, __ATOMIC_RELAXED);
                 if (!rc) {
                     __atomic_fetch_add(&s->nsyncs, 1, __ATOMIC_RELAXED);
                     int64_t cur = LOAD_ACQ(&s->synced);
@@ -530,8 +594,18 @@ static int shared_sync(k7_writer *w, int64_t want) {
         pthread_mutex_unlock(&s->sync_mu);
 #ifdef __linux__
         if (__atomic_load_n(&s->sync_waiters, __ATOMIC_SEQ_CST)) {
-            syscall(SYS_futex, &s->sync_seq, FUTEX_WAKE_BITSET, 0x7FFFFFFF, NULL, NULL,
-                    sync_bit(seq + 1));
+            /* the next msync waits a little for those woken (and this caller) to come
+             * back: at most every waiter until the wake says how many it woke */
+            uint32_t a0 = __atomic_load_n(&s->arrivals, __ATOMIC_SEQ_CST);
+            __atomic_store_n(&s->gather,
+                             a0 + 1 + __atomic_load_n(&s->sync_waiters, __ATOMIC_SEQ_CST),
+                             __ATOMIC_SEQ_CST);
+            long woken = syscall(SYS_futex, &s->sync_seq, FUTEX_WAKE_BITSET, 0x7FFFFFFF, NULL,
+                                 NULL, sync_bit(seq + 1));
+            __atomic_store_n(&s->gather, a0 + 1 + (uint32_t)(woken > 0 ? woken : 0),
+                             __ATOMIC_SEQ_CST);
+            if (__atomic_load_n(&s->gathering, __ATOMIC_SEQ_CST))
+                syscall(SYS_futex, &s->arrivals, FUTEX_WAKE, 1, NULL, NULL, 0);
             if (LOAD_ACQ(&s->end) > LOAD_ACQ(&s->synced)) /* a leader for the next msync */
                 syscall(SYS_futex, &s->sync_seq, FUTEX_WAKE_BITSET, 1, NULL, NULL,
                         sync_bit(seq + 2));

@@ -16,6 +16,12 @@ Modes:
     batches of 2-8), and after each call returned print ``O <seq> <offset> ...``: the first
     sequence number of the call and the offsets it returned. Close, print ``done``.
 
+``syncloop DIR WID COUNT``
+    Open the queue with ``writers="shared"`` and ``fsync="sync"``, print ``ready``, wait for a
+    line on stdin, then ``enqueue`` messages ``(WID, 0) .. (WID, COUNT-1)`` one call each (a
+    loop of durable appends, as a producer process that waits for each). Print ``syncs <n>``:
+    the msyncs of the log this process made. Close, print ``done``.
+
 ``hold DIR FSYNC SEGMENT_SIZE WID COUNT``
     Open the queue with ``writers="shared"``, enqueue ``(WID, 0) .. (WID, COUNT-1)`` (an ``O``
     line after each), then take the shared lock through the kernel and, past the shared end,
@@ -74,6 +80,19 @@ def _write(argv: list[str]) -> None:
     say("done")
 
 
+def _syncloop(argv: list[str]) -> None:
+    d, wid_s, count_s = argv
+    wid, count = int(wid_s), int(count_s)
+    q = k7core.Queue(d, writers="shared", fsync="sync")
+    say("ready")
+    sys.stdin.readline()
+    for seq in range(count):
+        q.enqueue(shared_payload(wid, seq))
+    say(f"syncs {q.stats().log_syncs}")
+    q.close()
+    say("done")
+
+
 def _hold(argv: list[str]) -> None:
     d, fsync, seg, wid_s, count_s = argv
     wid, count = int(wid_s), int(count_s)
@@ -96,7 +115,7 @@ def _hold(argv: list[str]) -> None:
 
 def main() -> None:
     mode, *argv = sys.argv[1:]
-    {"write": _write, "hold": _hold}[mode](argv)
+    {"write": _write, "syncloop": _syncloop, "hold": _hold}[mode](argv)
 
 
 if __name__ == "__main__":

@@ -292,6 +292,33 @@ def test_writer_processes_append_while_a_reader_follows(
     assert len(list(qdir.glob("seg-*.k7"))) >= 5, "the writers should have rolled often"
 
 
+def test_sync_writer_processes_share_their_msyncs(tmp_path: Path) -> None:
+    """Group commit across processes: 4 processes, each a loop of single ``"sync"``
+    enqueues, started together. An msync's leader gathers the writers the last msync woke,
+    so one msync serves about all 4; without the gather they take turns in two halves (2 a
+    msync), without a shared msync each makes its own (1)."""
+    qdir = tmp_path / "q"
+    n, count = 4, 300
+    k7core.Queue(qdir, fsync="sync").close()
+    with ExitStack() as stack:
+        children = [stack.enter_context(Child("syncloop", str(qdir), str(wid), str(count),
+                                              program=PROGRAM)) for wid in range(1, n + 1)]
+        for c in children:
+            assert c.line() == b"ready", c.stderr()
+        for c in children:
+            c.send("go")
+        syncs = 0
+        for c in children:
+            word, k = c.line().split()
+            assert word == b"syncs", c.stderr()
+            syncs += int(k)
+            assert c.line() == b"done" and c.wait() == 0, c.stderr()
+    log = check_log(qdir, {}, None, complete=False)
+    assert sorted(parse_payload(m) for _, m in log) == [
+        (wid, seq) for wid in range(1, n + 1) for seq in range(count)]
+    assert syncs <= n * count / 3, f"{syncs} msyncs for {n * count} messages"
+
+
 # --------------------------------------------------------------------------------------
 # (3) SIGKILLs
 # --------------------------------------------------------------------------------------

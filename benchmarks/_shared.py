@@ -25,7 +25,8 @@ k7 (``group`` k7):
   loop of single ``enqueue`` calls; 8 shared writers, 1 shared writer and 1 exclusive
   writer, one after the other in the same run (which goes first turns from run to run),
   and the ratio of the 8 to the faster single process (target >= 5 x: one msync serves
-  every process waiting at that moment).
+  every process waiting at that moment), and the 8 processes' messages per msync (their
+  ``stats().log_syncs`` summed).
 
 Until ``k7core.Queue`` takes ``writers=`` (:data:`SHARED_WRITERS`), the k7 cases are
 skipped with that reason.
@@ -125,18 +126,20 @@ def peer_name(peer: str, procs: int) -> str:
 # One writer process: argv = kind, path, n, fsync, segment_size. kind: "k7-exclusive",
 # "k7-shared" (then a loop of enqueue), "k7-shared-many" (enqueue_many of 1000),
 # "persistqueue", "litequeue". Opens, prints "ready", waits for "go", writes n messages,
-# prints {"count": ..., "seconds": ...}.
+# prints {"count": ..., "seconds": ..., "syncs": ...} (syncs: k7's msyncs of the log, else null).
 CHILD = r"""
 import json, sys, time
 kind, path, n, fsync, seg = (sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4],
                              int(sys.argv[5]))
 payload = b"x" * 32
 close = None
+syncs = lambda: None
 if kind.startswith("k7"):
     import k7core
     kw = {"writers": "shared"} if kind.startswith("k7-shared") else {}
     q = k7core.Queue(path, fsync=fsync, segment_size=seg, **kw)
     close = q.close
+    syncs = lambda: q.stats().log_syncs
     if kind.endswith("-many"):
         batch, enqueue_many = [payload] * 1000, q.enqueue_many
         n = n // 1000 * 1000
@@ -170,7 +173,7 @@ if sys.stdin.readline().strip() != "go":
 t0 = time.perf_counter()
 loop()
 seconds = time.perf_counter() - t0
-print(json.dumps({"count": n, "seconds": seconds}), flush=True)
+print(json.dumps({"count": n, "seconds": seconds, "syncs": syncs()}), flush=True)
 close()
 """
 
@@ -180,6 +183,7 @@ class Writers:
     count: int  # messages written by all the processes
     wall: float  # seconds from the first "go" to the last child's report
     rates: list[float]  # each child's own count / seconds
+    syncs: int | None  # k7: the msyncs of the log by all the processes
 
     @property
     def aggregate(self) -> float:
@@ -211,8 +215,10 @@ def run_writers(kind: str, path: Path, procs: int, n: int, fsync: str = "flush")
                 raise RuntimeError(f"a {kind} writer process exited without its report")
             reports.append(json.loads(line))
         wall = time.perf_counter() - t0
+    syncs = [r["syncs"] for r in reports]
     return Writers(sum(int(r["count"]) for r in reports), wall,
-                   [r["count"] / r["seconds"] for r in reports])
+                   [r["count"] / r["seconds"] for r in reports],
+                   None if None in syncs else sum(int(k) for k in syncs))
 
 
 def _create(kind: str, path: Path) -> None:
@@ -324,11 +330,16 @@ def _sync_case(n: int) -> Case:
 
         def run() -> Samples:
             turn = next(turns) % len(legs)  # which leg goes first turns from run to run
-            got = {leg: measure_writers(leg[0], root, leg[1], n, "sync").aggregate
-                   for leg in legs[turn:] + legs[:turn]}
+            runs = {leg: measure_writers(leg[0], root, leg[1], n, "sync")
+                    for leg in legs[turn:] + legs[:turn]}
+            got = {leg: w.aggregate for leg, w in runs.items()}
             many = got[legs[0]]
             one = max(got[legs[1]], got[legs[2]])
+            syncs = runs[legs[0]].syncs
+            assert syncs, "the sync writers made no msync"
             return {f"{SYNC_CASE} {SYNC_PROCS} processes": ("msg/s", many),
+                    f"{SYNC_CASE} {SYNC_PROCS} processes, messages per msync": (
+                        "msg/msync", runs[legs[0]].count / syncs),
                     f"{SYNC_CASE} 1 process writers=shared": ("msg/s", got[legs[1]]),
                     f"{SYNC_CASE} 1 process writers=exclusive": ("msg/s", got[legs[2]]),
                     f"{SYNC_CASE} {SYNC_PROCS}/1": ("x", many / one)}

@@ -438,11 +438,15 @@ def last_data(ptr: Any, path: Path, start: int, size: int) -> int:
     return last
 
 
-def valid_end(m: Mapping, limit: int) -> int:
-    """Where the valid (CRC-checked) frames of the mapped segment ``m`` from position 0
-    stop, by ``limit``: at the first that is not valid or does not end by ``limit``."""
+def valid_end(m: Mapping, limit: int, start: int = 0) -> int:
+    """Where the valid (CRC-checked) frames of the mapped segment ``m`` from position
+    ``start`` (a frame boundary) stop, by ``limit``: at the first that is not valid or does
+    not end by ``limit``."""
     count, status = ffi.new("int64_t *"), ffi.new("int32_t *")
-    return int(lib.k7_scan_end(m.ptr, min(limit, m.size), count, status))
+    limit = min(limit, m.size)
+    if start >= limit:
+        return start
+    return start + int(lib.k7_scan_end(m.ptr + start, limit - start, count, status))
 
 
 def _frame_end(m: Mapping, pos: int, limit: int) -> int:

@@ -52,6 +52,7 @@ from ._storage import (
     list_segments,
     map_file,
     open_fd,
+    valid_end,
 )
 
 log = logging.getLogger("k7core")
@@ -370,8 +371,9 @@ class SegmentWriter:
         self._note_segment(base)
 
     def _recover_dead(self) -> None:
-        """Under the shared lock, which a writer held when it died: cut what it left past the
-        shared end (never returned to anyone: saved to a side file and zeroed, as at open),
+        """Under the shared lock, which a writer held when it died: recover the tail as
+        open-time recovery does (the whole valid frames it wrote past the shared end stay, as
+        an exclusive writer's do; what follows them is saved to a side file and zeroed),
         drop a segment its roll left, forget it, then let the writers go on."""
         assert self._shared is not None
         w = self.c
@@ -379,13 +381,15 @@ class SegmentWriter:
         if state.base != int(w.base):
             self._follow()
         base = int(w.base)
-        cut_tail(self._path, self._opts, self._seg_map, base, state.pos, self._events)
+        end = valid_end(self._seg_map, self._seg_map.size, state.pos)
+        cut_tail(self._path, self._opts, self._seg_map, base, end, self._events)
         self._remove_strays(base)
         dead = self._shared.remove_dead(w)
-        lib.k7_shared_recovered(w)
-        log.warning("k7core: a shared writer of %s died holding its lock (pid %s); the log "
-                    "goes on at offset %d", self._path,
-                    ", ".join(map(str, dead)) or "unknown", base + state.pos)
+        lib.k7_shared_recovered(w, end)
+        log.warning("k7core: a shared writer of %s died holding its lock (pid %s); %d bytes "
+                    "of whole frames it wrote past the end kept; the log goes on at offset %d",
+                    self._path, ", ".join(map(str, dead)) or "unknown", end - state.pos,
+                    base + end)
 
     def _register(self, pid: int) -> None:
         """Enter this process in the shared state's writers (``pid``), or leave it (0)."""

@@ -663,10 +663,12 @@ void k7_shared_rolled(k7_writer *w) {
     STORE_REL(&s->end, w->base);
 }
 
-void k7_shared_recovered(k7_writer *w) {
+void k7_shared_recovered(k7_writer *w, int64_t pos) {
     k7_shared *s = w->sh;
     s->recover = 0;
-    w->pos = s->pos;
+    s->pos = pos;
+    STORE_REL(&s->end, w->base + pos);
+    w->pos = pos;
     STORE_REL(&w->written, w->pos);
     if (w->mode == K7_MODE_FLUSH) k7_publish(w->pub, (uint64_t)(w->base + w->pos));
     else publish_max(w->pub, (uint64_t)LOAD_ACQ(&s->synced));

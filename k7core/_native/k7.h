@@ -181,8 +181,9 @@ void k7_shared_follow(k7_writer *w);
 /* Under the lock, after the caller mapped the new segment into w (seg, cap, base; pos 0):
  * every writer goes on there. */
 void k7_shared_rolled(k7_writer *w);
-/* Under the lock: the dead holder's tail is cut; publish per mode and clear the flag. */
-void k7_shared_recovered(k7_writer *w);
+/* Under the lock: the dead holder's tail is cut at `pos` (its whole frames before it kept):
+ * make `pos` the end, publish per mode and clear the flag. */
+void k7_shared_recovered(k7_writer *w, int64_t pos);
 /* Under the lock: register (or with pid 0 as `old`, find a free slot for) a writing process.
  * 0, or ENOSPC when K7_SHARED_PIDS processes write already. */
 int k7_shared_swap_pid(k7_writer *w, int32_t old, int32_t pid);

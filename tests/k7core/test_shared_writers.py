@@ -383,8 +383,9 @@ def test_writer_killed_while_holding_the_lock(
 ) -> None:
     """A child takes the shared lock, writes an unpublished frame and garbage past the end,
     and is SIGKILLed holding the lock. ``live``: a writer of this process was open all along
-    and recovers on its next enqueue (the dead holder's tail is cut: side file, WARNING);
-    ``none``: it was the only writer, and the next to open recovers at open."""
+    and recovers on its next enqueue; ``none``: it was the only writer, and the next to open
+    recovers at open. Both recover as open-time recovery does: the whole valid frame stays
+    (as an exclusive writer's would), the garbage after it goes to a side file, a WARNING."""
     qdir = tmp_path / "q"
     seg = 1 << 16
     caplog.set_level(logging.WARNING, logger="k7core")
@@ -408,26 +409,22 @@ def test_writer_killed_while_holding_the_lock(
                                                     segment_size=seg))
         s = len(mine_offs)
         after = mine.enqueue(shared_payload(0, s))
-        # ``live``: everything past the shared end is cut, the whole frame too (it was never
-        # returned); ``none``: open-time recovery keeps a whole valid frame, as for an
-        # exclusive writer, and cuts the garbage after it
         frame = encode_frame(shared_payload(1, 20))
-        end = pos if others == "live" else pos + len(frame)
+        end = pos + len(frame)
         assert after == end, f"the next append went to {after}, not {end}"
         mine_offs += [after, *mine.enqueue_many([shared_payload(0, s + 1),
                                                  shared_payload(0, s + 2)])]
     torn = list(qdir.glob("k7py-torn-*"))
     assert len(torn) == 1, torn
-    cut = (frame if others == "live" else b"") + bytes(range(1, 200))
-    assert torn[0].read_bytes() == cut
+    assert torn[0].read_bytes() == bytes(range(1, 200))
     assert size == len(frame) + 199
     text = caplog.text
     assert "cut the torn or corrupt tail" in text, text
     if others == "live":
-        assert f"died holding its lock (pid {child.proc.pid})" in text, text
+        assert f"died holding its lock (pid {child.proc.pid}); {len(frame)} bytes" in text, text
     log = check_log(qdir, calls_of([holder]), None, complete=False)
     assert [p for _, p in log if parse_payload(p)[0] == 1] == [
-        shared_payload(1, i) for i in range(20 if others == "live" else 21)]
+        shared_payload(1, i) for i in range(21)]
     assert [o for o, p in log if parse_payload(p)[0] == 0] == mine_offs
 
 

@@ -386,9 +386,10 @@ class SegmentWriter:
         self._remove_strays(base)
         dead = self._shared.remove_dead(w)
         lib.k7_shared_recovered(w, end)
-        log.warning("k7core: a shared writer of %s died holding its lock (pid %s); %d bytes "
-                    "of whole frames it wrote past the end kept; the log goes on at offset %d",
-                    self._path, ", ".join(map(str, dead)) or "unknown", end - state.pos,
+        log.warning("k7core: a shared writer of %s died holding its lock (dead writer "
+                    "processes, the holder among them: %s); %d bytes of whole frames it wrote "
+                    "past the end kept; the log goes on at offset %d", self._path,
+                    ", ".join(map(str, dead)) or "none left registered", end - state.pos,
                     base + end)
 
     def _register(self, pid: int) -> None:

@@ -421,7 +421,8 @@ def test_writer_killed_while_holding_the_lock(
     text = caplog.text
     assert "cut the torn or corrupt tail" in text, text
     if others == "live":
-        assert f"died holding its lock (pid {child.proc.pid}); {len(frame)} bytes" in text, text
+        assert (f"died holding its lock (dead writer processes, the holder among them: "
+                f"{child.proc.pid}); {len(frame)} bytes") in text, text
     log = check_log(qdir, calls_of([holder]), None, complete=False)
     assert [p for _, p in log if parse_payload(p)[0] == 1] == [
         shared_payload(1, i) for i in range(21)]

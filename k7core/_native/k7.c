@@ -618,6 +618,12 @@ static int shared_sync(k7_writer *w, int64_t want) {
     return 0;
 }
 
+int k7_shared_sync_hold(k7_writer *w) {
+    int rc = pthread_mutex_lock(&w->sh->sync_mu);
+    if (rc == EOWNERDEAD) rc = pthread_mutex_consistent(&w->sh->sync_mu);
+    return rc;
+}
+
 /* Under mu, after frames were written: store the end, unlock, then make them durable and
  * visible per mode. The global offset after them is `end`. */
 static int64_t shared_finish(k7_writer *w) {

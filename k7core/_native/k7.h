@@ -174,6 +174,9 @@ k7_shared *k7_shared_attach(uint8_t *map, int64_t len);
  * K7_REMAP or K7_EIO (w->err set: the lock is unusable). Held in every case but EIO. */
 int k7_shared_lock(k7_writer *w);
 void k7_shared_release(k7_writer *w);             /* unlock if held */
+/* Take the msync lock and keep it (what a writer killed mid-msync leaves: its tests).
+ * 0 or an errno. */
+int k7_shared_sync_hold(k7_writer *w);
 /* base, pos, end, synced, recover, deaths, nsyncs, mode, npids (9 values) */
 void k7_shared_state(const k7_shared *s, int64_t *out);
 /* Under the lock: the writer now writes the segment at w->base from w->pos (a remap). */

@@ -22,6 +22,11 @@ Modes:
     loop of durable appends, as a producer process that waits for each). Print ``syncs <n>``:
     the msyncs of the log this process made. Close, print ``done``.
 
+``holdsync DIR WID``
+    Open the queue with ``writers="shared"`` and ``fsync="sync"``, enqueue ``(WID, 0)`` (an
+    ``O`` line), then take the msync lock through the kernel, as a writer in the middle of an
+    msync holds it. Print ``held`` and sleep until SIGKILLed.
+
 ``hold DIR FSYNC SEGMENT_SIZE WID COUNT``
     Open the queue with ``writers="shared"``, enqueue ``(WID, 0) .. (WID, COUNT-1)`` (an ``O``
     line after each), then take the shared lock through the kernel and, past the shared end,
@@ -93,6 +98,19 @@ def _syncloop(argv: list[str]) -> None:
     say("done")
 
 
+def _holdsync(argv: list[str]) -> None:
+    d, wid_s = argv
+    wid = int(wid_s)
+    q = k7core.Queue(d, writers="shared", fsync="sync")
+    say(f"O 0 {q.enqueue(shared_payload(wid, 0))}")
+    w = q._writer
+    assert w is not None
+    assert lib.k7_shared_sync_hold(w.c) == 0, "the msync lock was not granted"
+    say("held")
+    while True:
+        time.sleep(60)
+
+
 def _hold(argv: list[str]) -> None:
     d, fsync, seg, wid_s, count_s = argv
     wid, count = int(wid_s), int(count_s)
@@ -115,7 +133,7 @@ def _hold(argv: list[str]) -> None:
 
 def main() -> None:
     mode, *argv = sys.argv[1:]
-    {"write": _write, "syncloop": _syncloop, "hold": _hold}[mode](argv)
+    {"write": _write, "syncloop": _syncloop, "holdsync": _holdsync, "hold": _hold}[mode](argv)
 
 
 if __name__ == "__main__":

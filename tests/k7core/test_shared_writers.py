@@ -429,6 +429,44 @@ def test_writer_killed_while_holding_the_lock(
     assert [o for o, p in log if parse_payload(p)[0] == 0] == mine_offs
 
 
+def test_writer_killed_in_an_msync(tmp_path: Path) -> None:
+    """A child holds the msync lock (as in the middle of an msync) and is SIGKILLed there.
+    A ``"sync"`` enqueue of this process waits for that msync meanwhile (it must not return
+    before its frame is msynced), then, the holder dead, takes the lock over (EOWNERDEAD),
+    msyncs and returns; the queue goes on."""
+    qdir = tmp_path / "q"
+    with ExitStack() as stack:
+        mine = stack.enter_context(k7core.Queue(qdir, writers="shared", fsync="sync"))
+        first = mine.enqueue(shared_payload(0, 0))
+        child = stack.enter_context(Child("holdsync", str(qdir), "1", program=PROGRAM))
+        lines = [child.line()]
+        assert child.line() == b"held", child.stderr()
+        got: list[int] = []
+        done = threading.Event()
+
+        def append() -> None:
+            got.append(mine.enqueue(shared_payload(0, 1)))
+            done.set()
+
+        t = threading.Thread(target=append)
+        t.start()
+        try:
+            assert not done.wait(0.5), "a sync enqueue returned while its msync was held"
+            child.proc.send_signal(signal.SIGKILL)
+            assert child.wait() == -signal.SIGKILL
+            assert done.wait(DEADLINE), "the sync enqueue never returned after the kill"
+        finally:
+            t.join(DEADLINE)
+        with k7core.Queue(qdir, readonly=True) as ro:
+            assert ro.end > got[0], "the enqueue returned but its frame is not visible"
+        got += mine.enqueue_many([shared_payload(0, 2), shared_payload(0, 3)])
+        mine.sync()
+    calls = {0: [(0, [first]), (1, got[:1]), (2, got[1:])],
+             1: Writer(1, child, lines).calls()}
+    log = check_log(qdir, calls, None, complete=True)
+    assert len(log) == 5
+
+
 # --------------------------------------------------------------------------------------
 # (4) interleavings of several shared writers in one process, against a model
 # --------------------------------------------------------------------------------------

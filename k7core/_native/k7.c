@@ -609,6 +609,9 @@ static int shared_sync(k7_writer *w, int64_t want) {
             if (LOAD_ACQ(&s->end) > LOAD_ACQ(&s->synced)) /* a leader for the next msync */
                 syscall(SYS_futex, &s->sync_seq, FUTEX_WAKE_BITSET, 1, NULL, NULL,
                         sync_bit(seq + 2));
+        } else { /* nobody to gather (a writer alone, or the others stopped) */
+            __atomic_store_n(&s->gather, __atomic_load_n(&s->arrivals, __ATOMIC_SEQ_CST),
+                             __ATOMIC_SEQ_CST);
         }
 #endif
         if (rc) return rc;

@@ -1,0 +1,65 @@
+"""k7core.topics: partitioned topics on k7 logs, Kafka-compatible key placement, routing
+exchanges, lag back-pressure and consumer groups whose members are processes.
+
+    with Topic("/var/data/orders", partitions=8) as topic:
+        partition, offset = topic.send(b"{...}", key="customer-42")
+        with topic.consumer("billing") as member:
+            for record in member.poll(max_records=100, timeout=1.0):
+                member.ack(record)
+
+A topic is a directory of partition queues (each a k7 log any k7 tool reads) plus a small
+metadata file; processes coordinate through files and the flocks the kernel releases when
+a process dies (docs/topics.md).
+"""
+
+from ._assign import STRATEGIES as STRATEGIES
+from ._consumer import ConsumerStats as ConsumerStats
+from ._consumer import TopicConsumer as TopicConsumer
+from ._envelope import Record as Record
+from ._errors import BackPressureError as BackPressureError
+from ._errors import CorruptRecordError as CorruptRecordError
+from ._errors import MemberBusyError as MemberBusyError
+from ._errors import NotAssignedError as NotAssignedError
+from ._errors import TopicError as TopicError
+from ._partitioner import PARTITIONERS as PARTITIONERS
+from ._partitioner import kafka_murmur2 as kafka_murmur2
+from ._partitioner import murmur3_32 as murmur3_32
+from ._pressure import BackPressure as BackPressure
+from ._topic import TOPIC_SEGMENT_SIZE as TOPIC_SEGMENT_SIZE
+from ._topic import PartitionLag as PartitionLag
+from ._topic import PartitionStats as PartitionStats
+from ._topic import PressureStats as PressureStats
+from ._topic import ProducerRecord as ProducerRecord
+from ._topic import Topic as Topic
+from ._topic import TopicGroupStats as TopicGroupStats
+from ._topic import TopicStats as TopicStats
+
+__all__ = [
+    "PARTITIONERS",
+    "STRATEGIES",
+    "TOPIC_SEGMENT_SIZE",
+    "BackPressure",
+    "BackPressureError",
+    "ConsumerStats",
+    "CorruptRecordError",
+    "MemberBusyError",
+    "NotAssignedError",
+    "PartitionLag",
+    "PartitionStats",
+    "PressureStats",
+    "ProducerRecord",
+    "Record",
+    "Topic",
+    "TopicConsumer",
+    "TopicError",
+    "TopicGroupStats",
+    "TopicStats",
+    "kafka_murmur2",
+    "murmur3_32",
+]
+
+# Public objects report this package as their module (as k7core's do).
+for _value in [globals()[name] for name in __all__]:
+    if getattr(_value, "__module__", "").startswith(__name__ + "."):
+        _value.__module__ = __name__
+del _value

@@ -1,0 +1,117 @@
+"""A topic's directory: the names of its files and its metadata (the one owner of both).
+
+    <topic>/k7py-topic.json          {"k7py": "topic", "version": 1, "partitions": N,
+                                      "partitioner": "kafka"}
+    <topic>/k7py-topic.lock          flock taken while the metadata is created
+    <topic>/partition-<i>/           a k7 queue per partition, i = 0 .. N-1
+    <topic>/k7py-groups/<group>/     a consumer group's members and assignment
+                                     (see _membership)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._storage import FILE_MODE, open_fd, read_file, write_file_atomic
+from ._errors import TopicError
+from ._partitioner import PARTITIONERS
+
+META_FILE = "k7py-topic.json"
+META_LOCK = "k7py-topic.lock"
+GROUPS_DIR = "k7py-groups"
+PARTITION_PREFIX = "partition-"
+MAX_PARTITIONS = 4096
+VERSION = 1
+
+
+def partition_dir(topic: Path, partition: int) -> Path:
+    return topic / f"{PARTITION_PREFIX}{partition}"
+
+
+def groups_dir(topic: Path) -> Path:
+    return topic / GROUPS_DIR
+
+
+@dataclass(frozen=True)
+class TopicMeta:
+    """What a topic was created with; fixed for its life."""
+
+    partitions: int
+    partitioner: str
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "k7py": "topic", "version": VERSION, "partitions": self.partitions,
+            "partitioner": self.partitioner,
+        }).encode() + b"\n"
+
+    @classmethod
+    def parse(cls, data: bytes, path: Path) -> TopicMeta:
+        try:
+            doc = json.loads(data)
+            if not isinstance(doc, dict) or doc.get("k7py") != "topic":
+                raise ValueError("not a topic's metadata")
+            if doc.get("version") != VERSION:
+                raise ValueError(f"version {doc.get('version')!r}, this k7py reads {VERSION}")
+            n, name = doc["partitions"], doc["partitioner"]
+            if type(n) is not int or not 1 <= n <= MAX_PARTITIONS or name not in PARTITIONERS:
+                raise ValueError("bad partitions or partitioner")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TopicError(
+                f"{path} is not a valid topic metadata file: {exc}", path=path,
+                hint="restore it, or open the partitions as plain queues",
+            ) from None
+        return cls(n, name)
+
+
+def check_partitions(partitions: object) -> int | None:
+    if partitions is None:
+        return None
+    if isinstance(partitions, bool) or not isinstance(partitions, int):
+        raise TypeError(f"partitions must be an int, not {type(partitions).__name__}")
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise ValueError(f"partitions must be 1 .. {MAX_PARTITIONS}, not {partitions}")
+    return partitions
+
+
+def open_meta(
+    topic: Path, partitions: int | None, partitioner: str | None, *, create: bool,
+    file_mode: int = FILE_MODE,
+) -> TopicMeta:
+    """Read the topic's metadata, creating the topic if ``create`` and it does not exist
+    (``partitions`` required then). Arguments that differ from the stored ones raise."""
+    meta_path = topic / META_FILE
+    if not meta_path.exists():
+        if not create:
+            raise TopicError(f"{topic} is not a topic (no {META_FILE})", path=topic)
+        if partitions is None:
+            raise TopicError(
+                f"topic {topic} does not exist", path=topic,
+                hint="pass partitions=N to create it",
+            )
+        topic.mkdir(parents=True, exist_ok=True)
+        fd = open_fd(topic / META_LOCK, os.O_RDWR | os.O_CREAT, file_mode)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # two creators agree on one file
+            if not meta_path.exists():
+                meta = TopicMeta(partitions, partitioner or "kafka")
+                write_file_atomic(meta_path, meta.to_json(), file_mode)
+        finally:
+            os.close(fd)
+    meta = TopicMeta.parse(read_file(meta_path), meta_path)
+    if partitions is not None and partitions != meta.partitions:
+        raise TopicError(
+            f"topic {topic} has {meta.partitions} partitions, not {partitions}", path=topic,
+            hint="open it with partitions=None (or its own count); a topic's partition count "
+            "is fixed when it is created, so that keys keep their partition",
+        )
+    if partitioner is not None and partitioner != meta.partitioner:
+        raise TopicError(
+            f"topic {topic} places keys with {meta.partitioner!r}, not {partitioner!r}",
+            path=topic, hint="open it with partitioner=None or its own partitioner",
+        )
+    return meta

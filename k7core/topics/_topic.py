@@ -1,0 +1,504 @@
+"""Topic: a directory of partition queues with key placement, records and back-pressure."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from .._errors import ClosedError, K7Error
+from .._format import Fsync, check_group_name
+from .._queue import Queue
+from .._resource import Resource
+from .._stats import GroupInfo, read_cursors
+from .._storage import FILE_MODE, list_segments
+from ._envelope import (
+    HeadersArg,
+    Record,
+    check_headers,
+    check_timestamp,
+    decode,
+    encode,
+    value_bytes,
+)
+from ._errors import BackPressureError
+from ._layout import check_partitions, groups_dir, open_meta, partition_dir
+from ._membership import GroupDir, GroupState
+from ._partitioner import KeylessSpreader, key_bytes, partitioner_for
+from ._pressure import BackPressure, LagMeter, Watermarks, watched_lag
+
+if TYPE_CHECKING:
+    from ._consumer import TopicConsumer
+
+TOPIC_SEGMENT_SIZE = 32 * 1024 * 1024
+"""Partitions' default segment size: a topic preallocates one segment per partition (and a
+spare per writer process), so smaller than a plain queue's 256 MiB."""
+
+
+class ProducerRecord(NamedTuple):
+    """One record for ``Topic.send_many``: the arguments of ``send``."""
+
+    value: bytes | str
+    key: bytes | str | None = None
+    headers: HeadersArg = None
+    timestamp: int | None = None
+
+
+@dataclass(frozen=True)
+class PartitionStats:
+    partition: int
+    earliest_offset: int
+    next_offset: int
+    writer_pids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    """One partition of a group: its cursor, the lag behind the end, and whether a member
+    holds it now (its cursor lock)."""
+
+    partition: int
+    committed: int
+    lag_bytes: int
+    lag_messages: int | None
+    owner: str | None  # the member assigned to it
+    owned: bool
+
+
+@dataclass(frozen=True)
+class TopicGroupStats:
+    name: str
+    generation: int
+    strategy: str | None
+    members: tuple[str, ...]
+    assignment: dict[str, list[int]]
+    partitions: tuple[PartitionLag, ...]
+
+    @property
+    def lag_bytes(self) -> int:
+        return sum(p.lag_bytes for p in self.partitions)
+
+    @property
+    def lag_messages(self) -> int | None:
+        ns = [p.lag_messages for p in self.partitions]
+        return None if None in ns else sum(n for n in ns if n is not None)
+
+
+@dataclass(frozen=True)
+class PressureStats:
+    """Back-pressure now: the watched lag, the marks, paused or not, the throttle ratio."""
+
+    unit: str
+    group: str | None
+    high: int
+    low: int
+    lag: int
+    paused: bool
+    throttle_ratio: float
+    pauses: int
+    blocked_seconds: float
+
+
+@dataclass(frozen=True)
+class TopicStats:
+    path: str
+    partitions: tuple[PartitionStats, ...]
+    partitioner: str
+    groups: tuple[TopicGroupStats, ...]
+    back_pressure: PressureStats | None
+
+
+class Topic(Resource):
+    """A partitioned topic: ``partitions`` k7 queues in a directory, records with key,
+    headers and timestamp, keys placed as Kafka's Java producer places them.
+
+    ``Topic(path, partitions=N)`` creates the topic or opens it (then ``N`` must match);
+    ``partitions=None`` opens an existing one. ``partitioner`` (``"kafka"``, the default at
+    creation, or ``"murmur3"``) is fixed when the topic is created. Every partition is a
+    queue opened with ``writers="shared"``, so any number of processes send to one topic;
+    ``readonly=True`` opens it for reading and consuming only. Use a Topic from one thread
+    at a time. ``back_pressure`` makes ``send`` wait (or raise) while a consumer group is
+    too far behind (see ``BackPressure``).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        partitions: int | None = None,
+        partitioner: str | None = None,
+        *,
+        fsync: str | Fsync = Fsync.ASYNC,
+        segment_size: int = TOPIC_SEGMENT_SIZE,
+        commit_interval: float = 50e-6,
+        readonly: bool = False,
+        retention: str = "none",
+        retention_bytes: int | None = None,
+        retention_age: float | None = None,
+        file_mode: int = FILE_MODE,
+        back_pressure: BackPressure | None = None,
+    ) -> None:
+        self._closed = True
+        self._path = Path(path)
+        if partitioner is not None:
+            partitioner_for(partitioner)  # a bad name fails before anything is created
+        if back_pressure is not None and not isinstance(back_pressure, BackPressure):
+            raise TypeError("back_pressure must be a k7core.topics.BackPressure or None")
+        self._meta = open_meta(
+            self._path, check_partitions(partitions), partitioner, create=not readonly,
+            file_mode=file_mode,
+        )
+        self._n = self._meta.partitions
+        self._place = partitioner_for(self._meta.partitioner).partition
+        self._spread = KeylessSpreader()
+        self._queue_args = {
+            "fsync": fsync, "segment_size": segment_size, "commit_interval": commit_interval,
+            "readonly": readonly, "retention": retention, "retention_bytes": retention_bytes,
+            "retention_age": retention_age, "file_mode": file_mode,
+        }
+        self._readonly = readonly
+        self._file_mode = file_mode
+        self._queues: list[Queue | None] = [None] * self._n
+        self._finalizer = weakref.finalize(self, _close_queues, self._queues)
+        self._bp = back_pressure
+        self._marks = (
+            Watermarks(back_pressure.high, back_pressure.low_mark)
+            if back_pressure is not None else None
+        )
+        self._meter = LagMeter(
+            back_pressure.unit if back_pressure is not None else "bytes",
+            self._ends, self._group_cursors, self._earliest, self._count,
+        )
+        self._next_check = 0.0
+        self._lag = 0
+        self._blocked = 0.0
+        self._consumers: weakref.WeakSet[TopicConsumer] = weakref.WeakSet()
+        self._closed = False
+        if not readonly:  # every partition exists (for readers) and fails now, not later
+            for p in range(self._n):
+                self._queue(p)
+
+    # ------------------------------------------------------------------ what it is
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def name(self) -> str:
+        """The topic's name: its directory's name (Spark's ``topic`` column)."""
+        return self._path.name
+
+    @property
+    def partitions(self) -> int:
+        return self._n
+
+    @property
+    def partitioner(self) -> str:
+        return self._meta.partitioner
+
+    @property
+    def readonly(self) -> bool:
+        return self._readonly
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def partition(self, partition: int) -> Queue:
+        """The queue of one partition (opened on first use; closed with the topic)."""
+        if self._closed:
+            raise ClosedError(f"topic {self._path} is closed", path=self._path)
+        if isinstance(partition, bool) or not isinstance(partition, int):
+            raise TypeError(f"partition must be an int, not {type(partition).__name__}")
+        if not 0 <= partition < self._n:
+            raise ValueError(f"partition must be 0 .. {self._n - 1}, not {partition}")
+        return self._queue(partition)
+
+    def _queue(self, p: int) -> Queue:
+        q = self._queues[p]
+        if q is None:
+            args = dict(self._queue_args)
+            if not self._readonly:
+                args["writers"] = "shared"
+            q = self._queues[p] = Queue(partition_dir(self._path, p), **args)  # type: ignore[arg-type]
+        return q
+
+    def partition_for(self, key: bytes | str) -> int:
+        """The partition of a key (the topic's partitioner; Kafka's for ``"kafka"``)."""
+        kb = key_bytes(key)
+        if kb is None:
+            raise TypeError("a key is needed (None spreads records: it has no partition)")
+        return self._place(kb, self._n)
+
+    # ------------------------------------------------------------------ sending
+
+    def send(
+        self,
+        value: bytes | str,
+        key: bytes | str | None = None,
+        headers: HeadersArg = None,
+        timestamp: int | None = None,
+    ) -> tuple[int, int]:
+        """Append one record; return ``(partition, offset)``. Durable per ``fsync`` when
+        this returns. A key goes to the partition of its hash; no key spreads records
+        round-robin over the partitions. ``timestamp`` is milliseconds (None: now)."""
+        if self._closed:
+            raise ClosedError(f"topic {self._path} is closed", path=self._path)
+        kb = key_bytes(key)
+        p = self._spread.next(self._n) if kb is None else self._place(kb, self._n)
+        payload = encode(value_bytes(value), kb, check_headers(headers),
+                         check_timestamp(timestamp))
+        if self._marks is not None:
+            self._gate()
+        return p, self._queue(p).enqueue(payload)
+
+    def send_many(self, records: Iterable[ProducerRecord | bytes | str]) -> list[tuple[int, int]]:
+        """Append several records (``ProducerRecord``, or a bare value), one batch per
+        partition; return each one's ``(partition, offset)`` in order. Every record is
+        checked before anything is written."""
+        if self._closed:
+            raise ClosedError(f"topic {self._path} is closed", path=self._path)
+        where: list[int] = []
+        batches: dict[int, list[bytes]] = {}
+        for r in records:
+            if isinstance(r, (bytes, bytearray, memoryview, str)):
+                r = ProducerRecord(r)
+            elif not isinstance(r, ProducerRecord):
+                raise TypeError(
+                    f"send_many takes ProducerRecord or bytes items, not {type(r).__name__}"
+                )
+            kb = key_bytes(r.key)
+            p = self._spread.next(self._n) if kb is None else self._place(kb, self._n)
+            payload = encode(value_bytes(r.value), kb, check_headers(r.headers),
+                             check_timestamp(r.timestamp))
+            where.append(p)
+            batches.setdefault(p, []).append(payload)
+        for p, batch in batches.items():
+            self._queue(p).check_message_size(max(len(b) for b in batch))
+        if self._marks is not None and where:
+            self._gate()
+        offsets = {p: iter(self._queue(p).enqueue_many(batch)) for p, batch in batches.items()}
+        return [(p, next(offsets[p])) for p in where]
+
+    def sync(self) -> None:
+        """msync every open partition (everything sent so far is durable)."""
+        for q in self._queues:
+            if q is not None:
+                q.sync()
+
+    # ------------------------------------------------------------------ back-pressure
+
+    def _gate(self) -> None:
+        """Let a send through, or wait / raise while the watched lag is too high."""
+        bp, marks = self._bp, self._marks
+        assert bp is not None and marks is not None
+        now = time.monotonic()
+        if now < self._next_check and not marks.paused:
+            return
+        if not self._refresh(now):
+            return
+        if bp.on_high == "raise":
+            raise self._pressure_error()
+        deadline = now + bp.timeout if bp.timeout is not None else math.inf
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._pressure_error()
+                time.sleep(min(bp.interval, left))
+                if not self._refresh(time.monotonic()):
+                    return
+        finally:
+            self._blocked += time.monotonic() - now
+
+    def _refresh(self, now: float) -> bool:
+        assert self._bp is not None and self._marks is not None
+        self._lag = watched_lag(self._meter.lags(), self._bp.group)
+        self._next_check = now + self._bp.interval
+        return self._marks.update(self._lag)
+
+    def _pressure_error(self) -> BackPressureError:
+        bp = self._bp
+        assert bp is not None
+        who = f"group {bp.group!r}" if bp.group is not None else "the slowest group"
+        return BackPressureError(
+            f"topic {self._path}: {who} lags {self._lag} {bp.unit}, over the high "
+            f"watermark {bp.high} (sends resume at {bp.low_mark})", lag=self._lag,
+            hint="consume faster, raise the watermarks, or wait (on_high='block')",
+        )
+
+    def paused(self) -> bool:
+        """Re-read the watched lag; True while sends are paused by back-pressure (False
+        without ``back_pressure``). For callers that wait elsewhere, such as k7async."""
+        if self._marks is None:
+            return False
+        return self._refresh(time.monotonic())
+
+    def throttle_ratio(self) -> float:
+        """0 below the low watermark, 1 at the high one or while paused, linear between
+        (0 without ``back_pressure``). Re-reads the lag."""
+        if self._marks is None:
+            return 0.0
+        self._refresh(time.monotonic())
+        return self._marks.ratio(self._lag)
+
+    # ------------------------------------------------------------------ lag
+
+    def _ends(self) -> list[int]:
+        return [self._queue(p).end for p in range(self._n)]
+
+    def _earliest(self, p: int) -> int:
+        bases = list_segments(partition_dir(self._path, p))
+        return bases[0] if bases else 0
+
+    def _count(self, p: int, start: int, end: int) -> int | None:
+        if start >= end:
+            return 0
+        return self._queue(p).count_messages(start, end)
+
+    def group_names(self) -> list[str]:
+        """The consumer groups of the topic (every group a member ever joined)."""
+        try:
+            names = os.listdir(groups_dir(self._path))
+        except FileNotFoundError:
+            return []
+        return sorted(names)
+
+    def _group_cursors(self) -> dict[str, list[int | None]]:
+        names = self.group_names()
+        out: dict[str, list[int | None]] = {g: [None] * self._n for g in names}
+        for p in range(self._n):
+            d = partition_dir(self._path, p)
+            if not d.exists():
+                continue
+            for g, committed in read_cursors(d):
+                if g in out:
+                    out[g][p] = committed
+        return out
+
+    # ------------------------------------------------------------------ reading
+
+    def read(self, partition: int, offset: int, max_records: int = 1000) -> list[Record]:
+        """Up to ``max_records`` records of one partition from ``offset`` (a record's
+        offset, or the partition's earliest), without a consumer group."""
+        q = self.partition(partition)
+        if offset >= q.end:
+            return []
+        batch = q.read_columnar(offset, max_records)
+        return [decode(batch.payload(i), partition, batch.offsets[i]) for i in range(len(batch))]
+
+    def consumer(
+        self,
+        group: str,
+        member: str | None = None,
+        *,
+        strategy: str = "sticky",
+        heartbeat: float = 0.1,
+        revoke_timeout: float = 10.0,
+        cursor_fsync: str | Fsync = Fsync.ASYNC,
+        on_data_loss: str = "raise",
+    ) -> TopicConsumer:
+        """Join consumer group ``group`` as ``member`` (None: a unique id); see
+        ``TopicConsumer``."""
+        from ._consumer import TopicConsumer
+
+        if self._closed:
+            raise ClosedError(f"topic {self._path} is closed", path=self._path)
+        c = TopicConsumer(
+            self, group, member, strategy=strategy, heartbeat=heartbeat,
+            revoke_timeout=revoke_timeout, cursor_fsync=cursor_fsync,
+            on_data_loss=on_data_loss,
+        )
+        self._consumers.add(c)
+        return c
+
+    def group_dir(self, group: str) -> GroupDir:
+        return GroupDir(groups_dir(self._path) / check_group_name(group), self._file_mode)
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> TopicStats:
+        """Partitions, every group's members, assignment and lag per partition, and the
+        back-pressure state. Reads the directory; takes no lock."""
+        if self._closed:
+            raise ClosedError(f"topic {self._path} is closed", path=self._path)
+        parts: list[PartitionStats] = []
+        per_group: dict[str, dict[int, GroupInfo]] = {}
+        for p in range(self._n):
+            qs = self._queue(p).stats()
+            parts.append(PartitionStats(p, qs.earliest_offset, qs.next_offset, qs.writer_pids))
+            for g in qs.groups:
+                per_group.setdefault(g.name, {})[p] = g
+        groups = []
+        for name in self.group_names():
+            gd = GroupDir(groups_dir(self._path) / name)
+            st = gd.read_state() or GroupState(0, "", self._n, ())
+            owner = {p: m for m, ps in st.assignment.items() for p in ps}
+            lags = []
+            for p in range(self._n):
+                info = per_group.get(name, {}).get(p)
+                end, earliest = parts[p].next_offset, parts[p].earliest_offset
+                committed = info.committed if info is not None else earliest
+                lags.append(PartitionLag(
+                    p, committed, max(0, end - committed),
+                    info.lag_messages if info is not None else self._count(p, earliest, end),
+                    owner.get(p), info.owned if info is not None else False,
+                ))
+            groups.append(TopicGroupStats(
+                name, st.generation, st.strategy or None, st.members,
+                {m: list(ps) for m, ps in st.assignment.items()}, tuple(lags),
+            ))
+        return TopicStats(str(self._path), tuple(parts), self._meta.partitioner,
+                          tuple(groups), self.pressure_stats())
+
+    def pressure_stats(self) -> PressureStats | None:
+        bp, marks = self._bp, self._marks
+        if bp is None or marks is None:
+            return None
+        self._refresh(time.monotonic())
+        return PressureStats(bp.unit, bp.group, bp.high, bp.low_mark, self._lag, marks.paused,
+                             marks.ratio(self._lag), marks.pauses, self._blocked)
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Close the topic's consumers and partition queues (everything durable). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        first: BaseException | None = None
+        for c in list(self._consumers):
+            try:
+                c.close()
+            except K7Error as exc:
+                first = first or exc
+        try:
+            _close_queues(self._queues)
+        except K7Error as exc:
+            first = first or exc
+        self._finalizer.detach()
+        if first is not None:
+            raise first
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("readonly" if self._readonly else "open")
+        return f"<k7core.topics.Topic {str(self._path)!r} {self._n} partitions {state}>"
+
+
+def _close_queues(queues: list[Queue | None]) -> None:
+    first: BaseException | None = None
+    for i, q in enumerate(queues):
+        if q is not None:
+            try:
+                q.close()
+            except K7Error as exc:
+                first = first or exc
+            queues[i] = None
+    if first is not None:
+        raise first
+

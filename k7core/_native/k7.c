@@ -76,6 +76,56 @@ uint32_t k7_crc32c(uint32_t crc, const uint8_t *buf, size_t len) {
 
 int k7_crc32c_hardware(void) { return crc_hw != 0; }
 
+/* ------------------------------------------------------------------ key hashes */
+
+static inline uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint32_t rotl32(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
+
+int32_t k7_murmur2(const uint8_t *data, size_t len, uint32_t seed) {
+    const uint32_t m = 0x5bd1e995u;
+    uint32_t h = seed ^ (uint32_t)len;  /* Kafka: an int length; keys are < 2 GiB */
+    size_t i = 0;
+    for (; i + 4 <= len; i += 4) {
+        uint32_t k = le32(data + i) * m;
+        k ^= k >> 24;
+        h = (h * m) ^ (k * m);
+    }
+    switch (len & 3) {
+    case 3: h ^= (uint32_t)data[i + 2] << 16; /* fall through */
+    case 2: h ^= (uint32_t)data[i + 1] << 8;  /* fall through */
+    case 1: h ^= data[i]; h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return (int32_t)h;  /* two's complement, as Java's int */
+}
+
+uint32_t k7_murmur3_32(const uint8_t *data, size_t len, uint32_t seed) {
+    const uint32_t c1 = 0xcc9e2d51u, c2 = 0x1b873593u;
+    uint32_t h = seed, k;
+    size_t i = 0;
+    for (; i + 4 <= len; i += 4) {
+        k = rotl32(le32(data + i) * c1, 15) * c2;
+        h = rotl32(h ^ k, 13) * 5 + 0xe6546b64u;
+    }
+    k = 0;
+    switch (len & 3) {
+    case 3: k ^= (uint32_t)data[i + 2] << 16; /* fall through */
+    case 2: k ^= (uint32_t)data[i + 1] << 8;  /* fall through */
+    case 1: k ^= data[i]; h ^= rotl32(k * c1, 15) * c2;
+    }
+    h ^= (uint32_t)len;
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
+    return h;
+}
+
 /* ------------------------------------------------------------------ frames */
 
 static inline uint32_t be32(const uint8_t *p) {

@@ -138,6 +138,14 @@ int k7_reset(k7_inflight *f, int64_t pos);         /* seek: forget, store pos; 0
 
 uint32_t k7_crc32c(uint32_t crc, const uint8_t *buf, size_t len);
 int k7_crc32c_hardware(void);
+
+/* Key hashes for topic partitioning (pure: no state, no allocation). k7_murmur2 is Kafka's
+ * Utils.murmur2 with the seed given (Kafka's is 0x9747b28c), as Java's signed int;
+ * k7_murmur3_32 is MurmurHash3_x86_32 (Appleby's reference). Both read bytes little-endian
+ * whatever the host. */
+int32_t k7_murmur2(const uint8_t *data, size_t len, uint32_t seed);
+uint32_t k7_murmur3_32(const uint8_t *data, size_t len, uint32_t seed);
+
 int64_t k7_frame_size(int64_t len);
 
 /* Single frames on a raw buffer (reference-comparable). */

@@ -16,7 +16,7 @@ from .._resource import Resource
 from ._assign import STRATEGIES
 from ._envelope import Record, decode
 from ._errors import NotAssignedError
-from ._membership import GroupState, check_member_id, default_member_id
+from ._membership import GroupState, check_member_id, default_member_id, publish
 
 if TYPE_CHECKING:
     from ._topic import Topic, TopicGroupStats
@@ -94,6 +94,7 @@ class TopicConsumer(Resource):
         self._pending: set[int] = set()  # assigned, owner not gone yet
         self._rr = 0
         self._rebalances = 0
+        self._published = -1
         self._dir = topic.group_dir(self.group)
         self._dir.create()
         with self._dir.locked():
@@ -175,6 +176,7 @@ class TopicConsumer(Resource):
                 del self._groups[p]
                 g.close()
                 self._rebalances += 1
+        before = set(self._groups)
         self._pending = set()
         for p in sorted(target - self._groups.keys()):
             try:
@@ -184,6 +186,9 @@ class TopicConsumer(Resource):
                 self._rebalances += 1
             except GroupBusyError:
                 self._pending.add(p)  # its previous owner is draining it
+        if set(self._groups) != before or self._published != st.generation:
+            publish(self._member_fd, self._groups, st.generation)
+            self._published = st.generation
 
     # ------------------------------------------------------------------ reading
 

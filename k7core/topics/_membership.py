@@ -19,7 +19,7 @@ import fcntl
 import json
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +65,17 @@ class GroupState:
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
         return st if st.strategy in STRATEGIES else None
+
+
+def publish(fd: int, held: Iterable[int], generation: int = 0) -> None:
+    """Write what a member holds into its own member file (for stats and tools; a reader
+    that meets a half-written file just sees no partitions)."""
+    info = json.dumps({
+        "pid": os.getpid(), "host": socket.gethostname(), "generation": generation,
+        "held": sorted(held),
+    }).encode()
+    os.pwrite(fd, info, 0)
+    os.ftruncate(fd, len(info))
 
 
 def check_member_id(member: object) -> str:
@@ -113,9 +124,7 @@ class GroupDir:
                 f"member {member!r} of group {self.path.name!r} is already in the group",
                 path=path, hint="give each member its own id (member=None picks one)",
             )
-        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, info, 0)
+        publish(fd, ())
         return fd
 
     def drop_member(self, member: str) -> None:
@@ -141,6 +150,17 @@ class GroupDir:
         except (StorageError, ValueError):
             return {}
         return doc if isinstance(doc, dict) else {}
+
+    def holders(self) -> dict[int, str]:
+        """Which live member holds each partition, as the members publish it."""
+        out: dict[int, str] = {}
+        for m in self.member_names():
+            held = self.member_info(m).get("held")
+            if isinstance(held, list) and self.member_live(m):
+                for p in held:
+                    if isinstance(p, int):
+                        out[p] = m
+        return out
 
     def prune(self, keep: str | None = None) -> list[str]:
         """Remove dead members' files (under the group lock); return the live members."""

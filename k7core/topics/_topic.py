@@ -6,7 +6,7 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -66,8 +66,9 @@ class PartitionLag:
     committed: int
     lag_bytes: int
     lag_messages: int | None
-    owner: str | None  # the member assigned to it
-    owned: bool
+    owner: str | None  # the member the current generation assigns it to
+    holder: str | None  # the member holding it now (its previous owner while it drains)
+    owned: bool  # some consumer holds its cursor lock
 
 
 @dataclass(frozen=True)
@@ -385,12 +386,27 @@ class Topic(Resource):
 
     def read(self, partition: int, offset: int, max_records: int = 1000) -> list[Record]:
         """Up to ``max_records`` records of one partition from ``offset`` (a record's
-        offset, or the partition's earliest), without a consumer group."""
+        offset, or the partition's earliest), without a consumer group. The next record's
+        offset is past the last one's frame: walk a partition with :meth:`records`."""
+        return self._read(partition, offset, max_records)[0]
+
+    def records(self, partition: int, offset: int | None = None) -> Iterator[Record]:
+        """Every record of one partition from ``offset`` (None: the earliest) to the end
+        visible when each batch is read."""
+        pos = self.partition(partition).earliest() if offset is None else offset
+        while True:
+            batch, pos = self._read(partition, pos, 1000)
+            if not batch:
+                return
+            yield from batch
+
+    def _read(self, partition: int, offset: int, max_records: int) -> tuple[list[Record], int]:
         q = self.partition(partition)
         if offset >= q.end:
-            return []
-        batch = q.read_columnar(offset, max_records)
-        return [decode(batch.payload(i), partition, batch.offsets[i]) for i in range(len(batch))]
+            return [], offset
+        b = q.read_columnar(offset, max_records)
+        recs = [decode(b.payload(i), partition, b.offsets[i]) for i in range(len(b))]
+        return recs, b.next
 
     def consumer(
         self,
@@ -439,6 +455,7 @@ class Topic(Resource):
             gd = GroupDir(groups_dir(self._path) / name)
             st = gd.read_state() or GroupState(0, "", self._n, ())
             owner = {p: m for m, ps in st.assignment.items() for p in ps}
+            holders = gd.holders()
             lags = []
             for p in range(self._n):
                 info = per_group.get(name, {}).get(p)
@@ -447,7 +464,7 @@ class Topic(Resource):
                 lags.append(PartitionLag(
                     p, committed, max(0, end - committed),
                     info.lag_messages if info is not None else self._count(p, earliest, end),
-                    owner.get(p), info.owned if info is not None else False,
+                    owner.get(p), holders.get(p), info.owned if info is not None else False,
                 ))
             groups.append(TopicGroupStats(
                 name, st.generation, st.strategy or None, st.members,

@@ -69,8 +69,17 @@ def value_bytes(value: object, what: str = "value") -> bytes:
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     if isinstance(value, str):
-        return value.encode()
+        return _utf8(value, what)
     raise TypeError(f"{what} must be bytes or str, not {type(value).__name__}")
+
+
+def _utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:  # a lone surrogate: say which argument, and where
+        raise ValueError(
+            f"{what} is not valid Unicode text (a lone surrogate at position {exc.start})"
+        ) from None
 
 
 def check_headers(headers: object) -> Headers:
@@ -89,7 +98,7 @@ def check_headers(headers: object) -> Headers:
         name, value = item
         if not isinstance(name, str):
             raise TypeError(f"a header name must be a str, not {type(name).__name__}")
-        if len(name.encode()) > MAX_HEADER_NAME:
+        if len(_utf8(name, f"header name {name[:40]!r}")) > MAX_HEADER_NAME:
             raise ValueError(f"header name {name[:40]!r}... is longer than 65535 bytes")
         out.append((name, value_bytes(value, f"header {name!r}")))
     if len(out) > MAX_HEADERS:

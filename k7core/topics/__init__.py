@@ -21,10 +21,18 @@ from ._errors import CorruptRecordError as CorruptRecordError
 from ._errors import MemberBusyError as MemberBusyError
 from ._errors import NotAssignedError as NotAssignedError
 from ._errors import TopicError as TopicError
+from ._exchange import Delivery as Delivery
+from ._exchange import Exchange as Exchange
 from ._partitioner import PARTITIONERS as PARTITIONERS
 from ._partitioner import kafka_murmur2 as kafka_murmur2
 from ._partitioner import murmur3_32 as murmur3_32
 from ._pressure import BackPressure as BackPressure
+from ._routing import Binding as Binding
+from ._routing import ExchangeKind as ExchangeKind
+from ._routing import InvalidBindingError as InvalidBindingError
+from ._routing import InvalidRecordError as InvalidRecordError
+from ._routing import Router as Router
+from ._routing import parse_header_condition as parse_header_condition
 from ._topic import TOPIC_SEGMENT_SIZE as TOPIC_SEGMENT_SIZE
 from ._topic import PartitionLag as PartitionLag
 from ._topic import PartitionStats as PartitionStats
@@ -40,8 +48,14 @@ __all__ = [
     "TOPIC_SEGMENT_SIZE",
     "BackPressure",
     "BackPressureError",
+    "Binding",
     "ConsumerStats",
     "CorruptRecordError",
+    "Delivery",
+    "Exchange",
+    "ExchangeKind",
+    "InvalidBindingError",
+    "InvalidRecordError",
     "MemberBusyError",
     "NotAssignedError",
     "PartitionLag",
@@ -49,6 +63,7 @@ __all__ = [
     "PressureStats",
     "ProducerRecord",
     "Record",
+    "Router",
     "Topic",
     "TopicConsumer",
     "TopicError",
@@ -56,6 +71,7 @@ __all__ = [
     "TopicStats",
     "kafka_murmur2",
     "murmur3_32",
+    "parse_header_condition",
 ]
 
 # Public objects report this package as their module (as k7core's do).

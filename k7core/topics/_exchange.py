@@ -1,0 +1,326 @@
+"""Exchange: an exchange kind and its bindings stored in a directory; routing before the
+write, into topics and queues.
+
+    <exchange>/k7py-exchange.json   {"k7py": "exchange", "version": 1, "kind": "topic",
+                                     "bindings": [Binding.to_json(), ...]}
+    <exchange>/k7py-exchange.lock   flock held while the bindings change
+
+Every process that opens the exchange routes by the same file: ``publish`` re-reads it
+when it changed (one ``stat`` per publish), so a binding added in one process applies to
+the next record any process publishes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from .._errors import ClosedError, K7Error
+from .._format import Fsync
+from .._queue import Queue
+from .._resource import Resource
+from .._storage import FILE_MODE, open_fd, read_file, write_file_atomic
+from ._envelope import HeadersArg, check_headers, check_timestamp
+from ._errors import TopicError
+from ._layout import META_FILE
+from ._routing import (
+    Binding,
+    ExchangeKind,
+    HeaderPredicate,
+    InvalidBindingError,
+    Router,
+    parse_header_condition,
+)
+from ._topic import Topic
+
+EXCHANGE_FILE = "k7py-exchange.json"
+EXCHANGE_LOCK = "k7py-exchange.lock"
+VERSION = 1
+
+
+class Delivery(NamedTuple):
+    """Where ``publish`` wrote a record: the destination's path, the partition (None for a
+    queue) and the offset."""
+
+    destination: str
+    partition: int | None
+    offset: int
+
+
+def _parse(data: bytes, path: Path) -> tuple[ExchangeKind, tuple[Binding, ...]]:
+    try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or doc.get("k7py") != "exchange":
+            raise ValueError("not an exchange's file")
+        if doc.get("version") != VERSION:
+            raise ValueError(f"version {doc.get('version')!r}, this k7py reads {VERSION}")
+        kind = ExchangeKind(doc["kind"])
+        bindings = tuple(Binding.from_json(b) for b in doc["bindings"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TopicError(
+            f"{path} is not a valid exchange file: {exc}", path=path,
+            hint="restore it, or create the exchange again and bind its destinations",
+        ) from None
+    return kind, bindings
+
+
+def _dump(kind: ExchangeKind, bindings: tuple[Binding, ...]) -> bytes:
+    return json.dumps({
+        "k7py": "exchange", "version": VERSION, "kind": kind.value,
+        "bindings": [b.to_json() for b in bindings],
+    }, indent=1).encode() + b"\n"
+
+
+class Exchange(Resource):
+    """A routing exchange (AMQP 0-9-1's kinds: ``direct``, ``topic``, ``fanout``,
+    ``headers``) whose bindings live in its directory.
+
+    ``Exchange(path, kind)`` creates it or opens it (then ``kind`` must match; None opens
+    an existing one). ``bind`` and ``unbind`` change the stored bindings for every process;
+    ``bind_predicate`` adds an in-process binding on the record's headers (TitanMQ's
+    content-based exchange). ``publish`` routes a record, then writes it to each matching
+    destination: a topic (the record with its key, headers and timestamp; the key places it)
+    or a queue (the value alone, as a plain queue's consumers expect). Destinations are
+    opened on first use with this exchange's ``fsync`` (topics and queues as shared
+    writers) and closed with it. Use an Exchange from one thread at a time.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        kind: str | None = None,
+        *,
+        fsync: str | Fsync = Fsync.ASYNC,
+        file_mode: int = FILE_MODE,
+    ) -> None:
+        self._closed = True
+        self._path = Path(path)
+        self._file = self._path / EXCHANGE_FILE
+        self._file_mode = file_mode
+        self._fsync = fsync
+        if kind is not None:
+            try:
+                kind = ExchangeKind(kind)
+            except ValueError:
+                raise InvalidBindingError(
+                    f"the exchange kind is {kind!r}",
+                    hint="use one of 'direct', 'topic', 'fanout', 'headers'",
+                ) from None
+        if not self._file.exists():
+            if kind is None:
+                raise TopicError(
+                    f"{self._path} is not an exchange (no {EXCHANGE_FILE})", path=self._path,
+                    hint="pass kind= to create it",
+                )
+            self._path.mkdir(parents=True, exist_ok=True)
+            with self._locked():
+                if not self._file.exists():
+                    write_file_atomic(self._file, _dump(ExchangeKind(kind), ()), file_mode)
+        self._stamp: tuple[int, int, int] | None = None
+        self._predicates: list[tuple[str, HeaderPredicate]] = []
+        self._load()
+        if kind is not None and kind != self._kind:
+            raise TopicError(
+                f"exchange {self._path} is of kind {self._kind.value!r}, not {kind!r}",
+                path=self._path, hint="open it with kind=None or its own kind",
+            )
+        self._dests: dict[str, Topic | Queue] = {}
+        self._finalizer = weakref.finalize(self, _close_all, self._dests)
+        self._closed = False
+
+    # ------------------------------------------------------------------ bindings
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def kind(self) -> str:
+        return self._kind.value
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def bindings(self) -> tuple[Binding, ...]:
+        """The stored bindings, as every process sees them now."""
+        self._check_open()
+        self._refresh()
+        return self._bindings
+
+    def bind(
+        self,
+        destination: str | os.PathLike[str],
+        routing_key: str = "",
+        *,
+        headers: str | Mapping[str, str] | None = None,
+        x_match: str = "all",
+    ) -> Binding:
+        """Bind a topic or queue directory (it must exist). ``routing_key``: the exact key
+        (direct) or a pattern (topic); ``headers``: pairs to match (headers kind), as a
+        mapping or TitanMQ's ``"region=eu,type=order"``. Binding twice stores one
+        binding. Returns it."""
+        self._check_open()
+        dest = self._destination(destination)
+        pairs: tuple[tuple[str, str], ...] = ()
+        if isinstance(headers, str):
+            pairs = parse_header_condition(headers)
+        elif headers is not None:
+            if not isinstance(headers, Mapping):
+                raise InvalidBindingError(
+                    "headers must be a mapping or a 'name=value,...' string"
+                )
+            pairs = tuple(headers.items())
+        b = Binding(dest, routing_key, pairs, x_match)
+        with self._locked():
+            kind, bindings = _parse(read_file(self._file), self._file)
+            if b not in bindings:
+                write_file_atomic(self._file, _dump(kind, (*bindings, b)), self._file_mode)
+        self._refresh()
+        return b
+
+    def unbind(self, binding: Binding) -> bool:
+        """Remove a stored binding (as ``bind`` or ``bindings`` returned it); False if it
+        was not there."""
+        self._check_open()
+        if not isinstance(binding, Binding):
+            raise TypeError(f"unbind takes a Binding, not {type(binding).__name__}")
+        with self._locked():
+            kind, bindings = _parse(read_file(self._file), self._file)
+            if binding not in bindings:
+                return False
+            rest = tuple(b for b in bindings if b != binding)
+            write_file_atomic(self._file, _dump(kind, rest), self._file_mode)
+        self._refresh()
+        return True
+
+    def bind_predicate(
+        self, destination: str | os.PathLike[str], predicate: HeaderPredicate
+    ) -> None:
+        """Route records whose headers satisfy ``predicate`` (called with a read-only
+        name -> bytes map) to ``destination`` too — in this process only (a function is not
+        stored). An exception from the predicate propagates out of ``publish``, and that
+        record is written nowhere."""
+        self._check_open()
+        if not callable(predicate):
+            raise TypeError("predicate must be callable")
+        self._predicates.append((self._destination(destination), predicate))
+        self._router = Router(self._kind, self._bindings, self._predicates)
+
+    def _destination(self, destination: str | os.PathLike[str]) -> str:
+        p = Path(destination).resolve()
+        if not p.is_dir():
+            raise InvalidBindingError(
+                f"destination {p} does not exist",
+                hint="create the topic (Topic(path, partitions=N)) or queue first",
+            )
+        return str(p)
+
+    def _locked(self) -> _Flock:
+        return _Flock(self._path / EXCHANGE_LOCK, self._file_mode)
+
+    def _refresh(self) -> None:
+        try:
+            st = os.stat(self._file)
+        except FileNotFoundError:
+            raise TopicError(f"exchange file {self._file} was removed", path=self._file) from None
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp != self._stamp:
+            self._load()
+
+    def _load(self) -> None:
+        st = os.stat(self._file)
+        self._kind, self._bindings = _parse(read_file(self._file), self._file)
+        self._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        self._router = Router(self._kind, self._bindings, self._predicates)
+
+    # ------------------------------------------------------------------ publishing
+
+    def route(self, routing_key: str = "", headers: HeadersArg = None) -> list[str]:
+        """The destinations a record would go to now (nothing written)."""
+        self._check_open()
+        self._refresh()
+        return self._router.route(routing_key, check_headers(headers) or None)
+
+    def publish(
+        self,
+        value: bytes | str,
+        routing_key: str = "",
+        *,
+        key: bytes | str | None = None,
+        headers: HeadersArg = None,
+        timestamp: int | None = None,
+    ) -> list[Delivery]:
+        """Route the record, then write it to every matching destination (none: nothing
+        is written, an empty list). Each destination gets one copy."""
+        self._check_open()
+        self._refresh()
+        hs = check_headers(headers)
+        ts = check_timestamp(timestamp)
+        out = []
+        for dest in self._router.route(routing_key, hs or None):
+            d = self._open(dest)
+            if isinstance(d, Topic):
+                p, off = d.send(value, key, hs, ts)
+                out.append(Delivery(dest, p, off))
+            else:
+                data = value.encode() if isinstance(value, str) else value
+                out.append(Delivery(dest, None, d.enqueue(data)))
+        return out
+
+    def _open(self, dest: str) -> Topic | Queue:
+        d = self._dests.get(dest)
+        if d is None:
+            path = Path(dest)
+            args: dict[str, Any] = {"fsync": self._fsync, "file_mode": self._file_mode}
+            if (path / META_FILE).exists():
+                d = Topic(path, **args)
+            else:
+                d = Queue(path, writers="shared", **args)
+            self._dests[dest] = d
+        return d
+
+    # ------------------------------------------------------------------ lifetime
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"exchange {self._path} is closed", path=self._path)
+
+    def close(self) -> None:
+        """Close the destinations this exchange opened. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._bindings)} bindings"
+        return f"<k7core.topics.Exchange {str(self._path)!r} {self._kind.value} {state}>"
+
+
+class _Flock:
+    def __init__(self, path: Path, mode: int) -> None:
+        self._fd = open_fd(path, os.O_RDWR | os.O_CREAT, mode)
+
+    def __enter__(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
+
+
+def _close_all(dests: dict[str, Topic | Queue]) -> None:
+    first: BaseException | None = None
+    for d in dests.values():
+        try:
+            d.close()
+        except K7Error as exc:
+            first = first or exc
+    dests.clear()
+    if first is not None:
+        raise first

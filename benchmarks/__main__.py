@@ -20,7 +20,9 @@ beanstalkd 1.12, the same client processes for both; ``--only server``), ``_work
 (issue 16: worker throughput with an empty consumer, k7's workers against huey, pgqueuer,
 arq and RQ; ``--only workers``), ``_shared`` (issue 17: several writer processes on one
 queue, ``writers="shared"``, against persist-queue and litequeue in as many processes;
-``--only shared``).
+``--only shared``), ``_topics`` (issue 18: ``k7core.topics`` end to end, 4 producer and 2
+consumer processes on 8 partitions, against Redis Streams on a local redis-server, and the
+exchanges' routing cost per record; ``--only topics``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,18 @@ import traceback
 from datetime import date
 from pathlib import Path
 
-from . import _async, _jobs, _k7, _outbox, _peers, _scenarios, _server, _shared, _workers
+from . import (
+    _async,
+    _jobs,
+    _k7,
+    _outbox,
+    _peers,
+    _scenarios,
+    _server,
+    _shared,
+    _topics,
+    _workers,
+)
 from ._harness import (
     Case,
     Record,
@@ -86,6 +99,9 @@ def build_cases(quick: bool, peers: bool) -> tuple[list[Case], list[Skipped]]:
     shared_cases, shared_skipped = _shared.cases(_shared.QUICK if quick else _shared.FULL, peers)
     cases += shared_cases
     skipped += shared_skipped
+    topic_cases, topic_skipped = _topics.cases(_topics.QUICK if quick else _topics.FULL, peers)
+    cases += topic_cases
+    skipped += topic_skipped
     if peers:
         peer_cases, peer_skipped = _peers.cases(*((1_000, 100) if quick else (5_000, 500)))
         cases += peer_cases

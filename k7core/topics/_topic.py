@@ -473,11 +473,15 @@ class Topic(Resource):
         return TopicStats(str(self._path), tuple(parts), self._meta.partitioner,
                           tuple(groups), self.pressure_stats())
 
-    def pressure_stats(self) -> PressureStats | None:
+    def pressure_stats(self, *, refresh: bool = True) -> PressureStats | None:
+        """The back-pressure state (None without ``back_pressure``); ``refresh=False``
+        reports the last reading without touching the topic (for another thread, such as
+        a metrics scrape)."""
         bp, marks = self._bp, self._marks
         if bp is None or marks is None:
             return None
-        self._refresh(time.monotonic())
+        if refresh:
+            self._refresh(time.monotonic())
         return PressureStats(bp.unit, bp.group, bp.high, bp.low_mark, self._lag, marks.paused,
                              marks.ratio(self._lag), marks.pauses, self._blocked)
 

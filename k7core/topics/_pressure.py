@@ -101,8 +101,11 @@ class LagMeter:
     ``cursors()`` gives, per group, the committed offset of each partition (None: no
     cursor yet, counted from ``earliest(p)``); ``ends()`` the partitions' visible ends;
     ``count(p, start, end)`` the messages between two frame boundaries (None when that range
-    is no longer readable, e.g. deleted by retention). Messages are counted only over what
-    changed since the last reading.
+    is not readable, e.g. corrupt or deleted while counting). A partition's lag is what is
+    left to consume there: from the committed offset, or from ``earliest(p)`` when
+    retention deleted the records after the cursor (a stalled group keeps its lag: the
+    records still in the partition). Messages are counted only over what changed since the
+    last reading, and always equal a count from scratch.
     """
 
     def __init__(
@@ -121,12 +124,15 @@ class LagMeter:
         """The lag of every group of the topic now, in the meter's unit."""
         ends = self._ends()
         out: dict[str, int] = {}
-        for group, committed in self._cursors().items():
+        cursors = self._cursors()
+        # Every cursor is read against its partition's earliest offset: retention may have
+        # deleted records after it (a count over them is impossible, and they are not lag).
+        firsts = [self._earliest(p) for p in range(len(ends))] if cursors else []
+        for group, committed in cursors.items():
             total = 0
             for p, end in enumerate(ends):
                 c = committed[p] if p < len(committed) else None
-                if c is None:
-                    c = self._earliest(p)
+                c = firsts[p] if c is None else max(c, firsts[p])
                 total += self._lag(group, p, min(c, end), end)
             out[group] = total
         return out
@@ -144,8 +150,9 @@ class LagMeter:
                 n = span.messages + more - done
         if n is None:
             n = self._count(p, committed, end)
-        if n is None:  # unreadable (deleted under us): estimate nothing rather than block
-            n = 0
+        if n is None:  # unreadable (corrupt, deleted under us): estimate nothing rather
+            self._spans.pop((group, p), None)  # than block; count afresh next time
+            return 0
         self._spans[(group, p)] = _Span(committed, end, n)
         return n
 

@@ -9,9 +9,15 @@
                 ...
                 await msgs.ack(msg)
 
+    async with k7async.open_topic("/var/data/orders", partitions=8) as topic:  # k7core.topics
+        partition, offset = await topic.send(b"{...}", key="customer-42")
+        async with k7async.topic_consumer_stream(topic, "billing") as records:
+            async for record in records:                   # k7core.topics.Record
+                ...
+
 One writer thread per queue (shared by every producer channel, sink and AsyncQueue of that
-queue), one reader thread per consumer group channel, both owner threads (``_owner.Owner``);
-no storage logic here.
+queue), one reader thread per consumer group channel, one thread per ``AsyncTopic`` and one
+per topic consumer stream, all owner threads (``_owner.Owner``); no storage logic here.
 """
 
 from k7core import __version__ as __version__
@@ -30,6 +36,11 @@ from ._producer import sink as sink
 from ._queue import AsyncQueue as AsyncQueue
 from ._queue import open_queue as open_queue
 from ._registry import queue_writer as queue_writer
+from ._topics import AsyncTopic as AsyncTopic
+from ._topics import RecordStream as RecordStream
+from ._topics import open_topic as open_topic
+from ._topics import topic_consumer_stream as topic_consumer_stream
+from ._topics import topic_producer_channel as topic_producer_channel
 from ._types import Payload as Payload
 from ._worker_sources import AsyncBeanstalkSource as AsyncBeanstalkSource
 from ._worker_sources import AsyncSession as AsyncSession
@@ -47,21 +58,26 @@ __all__ = [
     "AsyncSession",
     "AsyncSource",
     "AsyncStoreSource",
+    "AsyncTopic",
     "AsyncWorker",
     "AutoAckError",
     "InlineSource",
     "MessageStream",
     "Payload",
     "QueueWriter",
+    "RecordStream",
     "SinkBusyError",
     "StreamClosedError",
     "consumer_group_channel",
     "open_jobs",
     "open_queue",
+    "open_topic",
     "producer_channel",
     "queue_writer",
     "run_relay",
     "sink",
+    "topic_consumer_stream",
+    "topic_producer_channel",
 ]
 
 

@@ -27,3 +27,15 @@ def test_the_shared_writers_example_runs(tmp_path: Path) -> None:
     assert "workers done: [0, 1, 2, 3]" in done.stdout
     assert ("messages read: 40000, per worker: {0: 10000, 1: 10000, 2: 10000, 3: 10000}"
             in done.stdout), done.stdout
+
+
+def test_the_topics_example_runs(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "topics.py"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "published 10000 events through the exchange; 6668 of them are orders" in out
+    assert "group billing read 6668 orders" in out and "audit holds 10000 events" in out
+    # range assignment: the two members split the four partitions
+    assert "member-a read partitions {0: " in out and ", 1: " in out, out
+    assert "member-b read partitions {2: " in out and ", 3: " in out, out

@@ -45,7 +45,8 @@ def consume(root: str, member: str, ready: Barrier, out: multiprocessing.Queue[R
     last: dict[tuple[bytes | None, str], int] = {}
     with Topic(Path(root) / "orders", readonly=True) as orders, \
             orders.consumer("billing", member, strategy="range") as me:
-        ready.wait()  # both members are in: the partitions are split between them
+        ready.wait()  # both members are in
+        me.beat()  # apply the newest generation now (poll does it every heartbeat)
         while True:
             batch = me.poll(max_records=500, timeout=0.2)
             for r in batch:

@@ -89,10 +89,13 @@ class Sizes:
     sync_records: int  # records per run, "sync" and the Redis always leg
     send_records: int  # records per run, the per-record send case
     routes: int  # Router.route calls per run and routing case
+    publish: int  # records per run and leg, Exchange.publish against Topic.send
 
 
-QUICK = Sizes(records=20_000, sync_records=4_000, send_records=20_000, routes=20_000)
-FULL = Sizes(records=1_000_000, sync_records=100_000, send_records=1_000_000, routes=500_000)
+QUICK = Sizes(records=20_000, sync_records=4_000, send_records=20_000, routes=20_000,
+              publish=5_000)
+FULL = Sizes(records=1_000_000, sync_records=250_000, send_records=1_000_000, routes=500_000,
+             publish=200_000)
 
 
 # ---------------------------------------------------------------------- the children
@@ -104,11 +107,15 @@ FULL = Sizes(records=1_000_000, sync_records=100_000, send_records=1_000_000, ro
 # record of their partitions, print {"count", "seconds"}, then wait for their stdin to close
 # before they leave the group (a member leaving would rebalance the others mid-run).
 CHILD = r"""
-import json, sys, time
+import gc, json, resource, sys, time
 a = json.loads(sys.argv[1])
 kind, batch, n, first = a["kind"], a["batch"], a.get("n", 0), a.get("first", 0)
 value = b"v" * a["value_size"]
 keys = ["key-%d" % (i % a["keys"]) for i in range(first, first + n)]
+
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)  # every thread of the process
+    return r.ru_utime + r.ru_stime
 
 def say(obj):
     print(json.dumps(obj), flush=True)
@@ -125,10 +132,12 @@ def chunks(seq):
 def consume(settle, expect, step, close):
     say({"joined": True})
     hear("settle")
-    say(settle())
+    settled = settle()
+    gc.freeze()
+    say(settled)
     counts = json.loads(hear("go"))
     expected = expect(counts)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu()
     got, last = 0, t0
     while got < expected:
         k = step()
@@ -137,7 +146,7 @@ def consume(settle, expect, step, close):
         elif time.perf_counter() - last > 60:
             sys.exit("no record for 60 s: %d of %d" % (got, expected))
     seconds = time.perf_counter() - t0
-    say({"count": got, "seconds": seconds})
+    say({"count": got, "seconds": seconds, "cpu": cpu() - c0})
     sys.stdin.read()
     close()
 
@@ -220,12 +229,13 @@ elif kind == "redis-consume":
     sys.exit(0)
 else:
     sys.exit("unknown child kind %r" % kind)
+gc.freeze()  # the prepared records: no collection walks them
 say({"ready": True})
 hear("go")
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), cpu()
 loop()
 seconds = time.perf_counter() - t0
-say({"count": n, "seconds": seconds})
+say({"count": n, "seconds": seconds, "cpu": cpu() - c0})
 close()
 """
 
@@ -235,6 +245,8 @@ class Phase:
     count: int  # records the children handled
     wall: float  # seconds from the first "go" to the last child's report
     ready: list[dict[str, Any]]  # each child's "ready" (consumers: "settled") line
+    cpu: float  # CPU seconds of the children in their timed loops (every thread)
+    server_cpu: float  # CPU seconds of the server over the phase (Redis; 0 for k7)
 
 
 def _say(child: Any, line: str) -> None:
@@ -250,11 +262,13 @@ def _hear(child: Any, what: str) -> dict[str, Any]:
     return out
 
 
-def run_children(args: Sequence[dict[str, Any]], go: str = "", settle: bool = False) -> Phase:
+def run_children(args: Sequence[dict[str, Any]], go: str = "", settle: bool = False,
+                 server_cpu: Callable[[], float] | None = None) -> Phase:
     """One child (:data:`CHILD`) per ``args``, started together: each gets ready (consumers
     join, then settle once all have joined); then all get ``go`` (with ``go`` after it);
     the clock runs from the first ``go`` to the last child's report. The children's stdin
-    closes after every report."""
+    closes after every report. ``server_cpu`` (the server's CPU seconds so far) is read
+    before the first ``go`` and after the last report."""
     common = {"value_size": VALUE_SIZE, "keys": KEYS, "batch": BATCH, "stream": STREAM,
               "group": GROUP}
     with ExitStack() as stack:
@@ -266,12 +280,15 @@ def run_children(args: Sequence[dict[str, Any]], go: str = "", settle: bool = Fa
             for child in children:
                 _say(child, "settle")
         ready = [_hear(child, "ready line") for child in children]
+        s0 = server_cpu() if server_cpu is not None else 0.0
         t0 = time.perf_counter()
         for child in children:
             _say(child, f"go {go}".rstrip())
         reports = [_hear(child, "report") for child in children]
         wall = time.perf_counter() - t0
-    return Phase(sum(int(r["count"]) for r in reports), wall, ready)
+        s1 = server_cpu() if server_cpu is not None else 0.0
+    return Phase(sum(int(r["count"]) for r in reports), wall, ready,
+                 sum(float(r["cpu"]) for r in reports), s1 - s0)
 
 
 def _split(total: int) -> list[tuple[int, int]]:
@@ -291,16 +308,29 @@ class Leg:
 
     produced: Phase
     consumed: Phase | None
+    server: bool = False  # a server process did part of the work (Redis)
 
     def samples(self, prefix: str) -> Samples:
         n, mb = self.produced.count, self.produced.count * VALUE_SIZE / 1e6
         out = {f"{prefix} producers": ("msg/s", n / self.produced.wall),
                f"{prefix} producers MB/s": ("MB/s", mb / self.produced.wall)}
+        out |= self._cpu(prefix, "producers", self.produced)
         if self.consumed is not None:
             c = self.consumed
             out |= {f"{prefix} consumers": ("msg/s", n / c.wall),
                     f"{prefix} consumers MB/s": ("MB/s", mb / c.wall),
                     f"{prefix} end to end": ("msg/s", n / (self.produced.wall + c.wall))}
+            out |= self._cpu(prefix, "consumers", c)
+        return out
+
+    def _cpu(self, prefix: str, who: str, phase: Phase) -> Samples:
+        """CPU microseconds a record: every process of the phase (the clients, and the
+        server if any), and the server's part alone."""
+        out = {f"{prefix} {who} CPU per record": (
+            "us", (phase.cpu + phase.server_cpu) / phase.count * 1e6)}
+        if self.server:
+            out[f"{prefix} {who} server CPU per record"] = (
+                "us", phase.server_cpu / phase.count * 1e6)
         return out
 
 
@@ -400,6 +430,12 @@ class RedisStreams:
                 raise RuntimeError("redis-server: the AOF rewrite takes over 120 s")
             time.sleep(0.01)
 
+    def cpu(self) -> float:
+        """CPU seconds of redis-server so far, and of its children (AOF rewrites)."""
+        info = self.client.info("cpu")
+        return float(sum(info[k] for k in ("used_cpu_sys", "used_cpu_user",
+                                            "used_cpu_sys_children", "used_cpu_user_children")))
+
     def close(self) -> None:
         self._server.close()
 
@@ -409,7 +445,7 @@ def redis_leg(server: RedisStreams, total: int) -> Leg:
     server.reset()
     produced = run_children([
         {"kind": "redis-produce", "port": server.port, "partitions": PARTITIONS,
-         "first": first, "n": n} for first, n in _split(total)])
+         "first": first, "n": n} for first, n in _split(total)], server_cpu=server.cpu)
     client = server.client
     streams = [STREAM.format(p) for p in range(PARTITIONS)]
     counts = [int(client.xlen(s)) for s in streams]
@@ -421,13 +457,13 @@ def redis_leg(server: RedisStreams, total: int) -> Leg:
     consumed = run_children([
         {"kind": "redis-consume", "port": server.port, "member": f"m{i}",
          "partitions": [p for p in range(PARTITIONS) if p % CONSUMERS == i]}
-        for i in range(CONSUMERS)], go=json.dumps(counts), settle=True)
+        for i in range(CONSUMERS)], go=json.dumps(counts), settle=True, server_cpu=server.cpu)
     _check_group([{**r, "generation": 0} for r in consumed.ready], "Redis")
     pending = [int(client.xpending(s, GROUP)["pending"]) for s in streams]
     if consumed.count != produced.count or any(pending):
         raise RuntimeError(f"the consumers got {consumed.count} of {produced.count} entries; "
                            f"pending per stream: {pending}")
-    return Leg(produced, consumed)
+    return Leg(produced, consumed, server=True)
 
 
 # ---------------------------------------------------------------------- cases
@@ -527,6 +563,82 @@ def _send_case(records: int) -> Case:
 
 
 # ---------------------------------------------------------------------- routing
+
+EXCHANGE_MODULE = "k7core.topics._exchange"
+PUBLISH_CASE = (f"topics exchange publish [async], direct, 1 binding, into 1 topic of "
+                f"{PARTITIONS} partitions")
+
+
+def exchange_missing() -> str | None:
+    """Why the publish case cannot run here, or None."""
+    if importlib.util.find_spec(EXCHANGE_MODULE) is None:
+        return f"{EXCHANGE_MODULE} (Exchange.publish) is not in this build"
+    return routing_missing()
+
+
+def _publish_leg(root: Path, n: int, through_exchange: bool) -> float:
+    """msg/s of ``n`` records sent to a new topic in this process, one ``publish`` (or one
+    ``send``) a record; the first record, which opens the topic, is not timed."""
+    path = root / f"publish-{next(_runs)}"
+    try:
+        topic_path = path / "topic"
+        Topic(topic_path, partitions=PARTITIONS).close()
+        keys = [f"key-{i % KEYS}" for i in range(n)]
+        value = b"v" * VALUE_SIZE
+        exchange: Any = None
+        if through_exchange:
+            exchange = importlib.import_module(EXCHANGE_MODULE).Exchange(
+                path / "exchange", "direct", fsync="async")
+            exchange.bind(topic_path, "orders")
+            publish = exchange.publish
+            publish(value, "orders", key="first")
+            t0 = time.perf_counter()
+            for key in keys:
+                publish(value, "orders", key=key)
+            seconds = time.perf_counter() - t0
+            exchange.close()
+        else:
+            with Topic(topic_path, fsync="async") as topic:
+                send = topic.send
+                send(value, "first")
+                t0 = time.perf_counter()
+                for key in keys:
+                    send(value, key)
+                seconds = time.perf_counter() - t0
+        with Topic(topic_path, readonly=True) as topic:
+            stored = 0
+            for p in range(PARTITIONS):
+                q = topic.partition(p)
+                stored += q.count_messages(q.earliest(), q.end) or 0
+        if stored != n + 1:
+            raise RuntimeError(f"the topic holds {stored} records, {n + 1} were sent")
+        return n / seconds
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _publish_case(n: int) -> Case:
+    @contextmanager
+    def setup(root: Path) -> Iterator[Run]:
+        turns = itertools.count()
+
+        def run() -> Samples:
+            got: dict[bool, float] = {}
+            for through in [True, False][::1 if next(turns) % 2 else -1]:
+                os.sync()
+                got[through] = _publish_leg(root, n, through)
+            return {f"{PUBLISH_CASE} publish": ("msg/s", got[True]),
+                    f"{PUBLISH_CASE} Topic.send": ("msg/s", got[False]),
+                    f"{PUBLISH_CASE} publish/send": ("x", got[True] / got[False])}
+
+        yield run
+
+    return Case(PUBLISH_CASE, "k7", setup, _params(
+        "async", n, producers=1,
+        setting='Exchange(path, "direct", fsync="async"), bind(topic, "orders"), publish('
+        'value, "orders", key=key) per record, one process; against Topic(fsync="async")'
+        ".send(value, key) in the same run, in turn"))
+
 
 
 ROUTING_MODULE = "k7core.topics._routing"
@@ -641,6 +753,11 @@ def cases(s: Sizes, with_peers: bool) -> tuple[list[Case], list[Skipped]]:
             out.append(_k7_case(fsync, records))
             skipped.append(Skipped(redis_name(fsync), missing))
     out.append(_send_case(s.send_records))
+    why = exchange_missing()
+    if why is None:
+        out.append(_publish_case(s.publish))
+    else:
+        skipped.append(Skipped(PUBLISH_CASE, why))
     why = routing_missing()
     for spec in routing_specs():
         if why is None:

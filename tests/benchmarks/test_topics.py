@@ -14,7 +14,8 @@ import pytest
 from benchmarks import _jobs, _topics
 from benchmarks._harness import Case
 
-TINY = _topics.Sizes(records=2_000, sync_records=200, send_records=400, routes=2_000)
+TINY = _topics.Sizes(records=2_000, sync_records=200, send_records=400, routes=2_000,
+                     publish=300)
 UNITS = {"msg/s", "MB/s", "x", "us"}
 
 
@@ -50,19 +51,34 @@ def test_a_missing_redis_is_skipped_with_its_reason(monkeypatch: pytest.MonkeyPa
                if "Redis" in s.name)
 
 
-def test_without_the_router_the_routing_cases_are_skipped(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def _without(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
+    """``module`` is not in this build, as ``importlib.util.find_spec`` tells."""
     real = importlib.util.find_spec
 
-    def no_routing(name: str, package: str | None = None) -> object:
-        return None if name == _topics.ROUTING_MODULE else real(name, package)
+    def find_spec(name: str, package: str | None = None) -> object:
+        return None if name == module else real(name, package)
 
-    monkeypatch.setattr(importlib.util, "find_spec", no_routing)
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+def test_without_the_router_the_routing_cases_are_skipped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _without(monkeypatch, _topics.ROUTING_MODULE)
     cases, skipped = _topics.cases(TINY, with_peers=False)
-    assert not [c for c in cases if c.name.startswith("topics routing")]
+    assert not [c for c in cases if c.name.startswith(("topics routing", "topics exchange"))]
     routing = [s for s in skipped if s.name.startswith("topics routing")]
     assert len(routing) == len(_topics.routing_specs())
     assert all("not in this build" in s.reason for s in routing)
+    assert _topics.PUBLISH_CASE in {s.name for s in skipped}
+
+
+def test_without_the_exchange_the_publish_case_is_skipped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _without(monkeypatch, _topics.EXCHANGE_MODULE)
+    cases, skipped = _topics.cases(TINY, with_peers=False)
+    assert _topics.PUBLISH_CASE not in {c.name for c in cases}
+    reasons = {s.name: s.reason for s in skipped}
+    assert "Exchange.publish) is not in this build" in reasons[_topics.PUBLISH_CASE]
 
 
 def test_the_producers_split_every_record() -> None:
@@ -85,6 +101,9 @@ def test_k7_case_runs(case: Case, tmp_path: Path) -> None:
     if case.name.startswith("topics routing"):
         assert set(samples) == {case.name, f"{case.name} per record"}
         assert case.params["destinations_per_record"] > 0
+    elif case.name == _topics.PUBLISH_CASE:
+        assert set(samples) == {f"{case.name} {w}" for w in ("publish", "Topic.send",
+                                                             "publish/send")}
     else:
         assert f"{case.name} producers" in samples
     assert [p.name for p in tmp_path.iterdir()] == []  # each run's topic is removed
@@ -100,8 +119,9 @@ def test_pair_runs(fsync: str, tmp_path: Path) -> None:
     samples = _run_once(case, tmp_path)
     for side in ("k7", "redis"):
         for what in ("producers", "producers MB/s", "consumers", "consumers MB/s",
-                     "end to end"):
+                     "end to end", "producers CPU per record", "consumers CPU per record"):
             assert f"{case.name} {side} {what}" in samples
+    assert f"{case.name} redis producers server CPU per record" in samples
     ratios = {n: v for n, (u, v) in samples.items() if u == "x"}
     assert set(ratios) == {f"{case.name} k7/redis {w}"
                            for w in ("producers", "consumers", "end to end")}

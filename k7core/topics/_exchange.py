@@ -15,7 +15,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -129,8 +128,8 @@ class Exchange(Resource):
                 f"exchange {self._path} is of kind {self._kind.value!r}, not {kind!r}",
                 path=self._path, hint="open it with kind=None or its own kind",
             )
+        # No finalizer: each destination has its own (see Topic).
         self._dests: dict[str, Topic | Queue] = {}
-        self._finalizer = weakref.finalize(self, _close_all, self._dests)
         self._closed = False
 
     # ------------------------------------------------------------------ bindings
@@ -296,7 +295,7 @@ class Exchange(Resource):
         if self._closed:
             return
         self._closed = True
-        self._finalizer()
+        _close_all(self._dests)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._bindings)} bindings"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from .._errors import ClosedError, K7Error
-from .._format import Fsync, check_group_name
+from .._format import Fsync, check_group_name, frame_size
 from .._queue import Queue
 from .._resource import Resource
 from .._stats import GroupInfo, read_cursors
@@ -163,9 +163,11 @@ class Topic(Resource):
         }
         self._readonly = readonly
         self._file_mode = file_mode
+        # No finalizer of its own: each partition Queue has one (closing them again from
+        # ours at interpreter exit would touch queues already released).
         self._queues: list[Queue | None] = [None] * self._n
-        self._finalizer = weakref.finalize(self, _close_queues, self._queues)
         self._bp = back_pressure
+        self._bp_messages = back_pressure is None or back_pressure.unit == "messages"
         self._marks = (
             Watermarks(back_pressure.high, back_pressure.low_mark)
             if back_pressure is not None else None
@@ -176,12 +178,18 @@ class Topic(Resource):
         )
         self._next_check = 0.0
         self._lag = 0
+        self._since = 0  # what this topic sent since the last reading, in the unit
         self._blocked = 0.0
         self._consumers: weakref.WeakSet[TopicConsumer] = weakref.WeakSet()
         self._closed = False
         if not readonly:  # every partition exists (for readers) and fails now, not later
-            for p in range(self._n):
-                self._queue(p)
+            try:
+                for p in range(self._n):
+                    self._queue(p)
+            except BaseException:
+                self._closed = True
+                _close_queues(self._queues)
+                raise
 
     # ------------------------------------------------------------------ what it is
 
@@ -210,10 +218,13 @@ class Topic(Resource):
     def closed(self) -> bool:
         return self._closed
 
-    def partition(self, partition: int) -> Queue:
-        """The queue of one partition (opened on first use; closed with the topic)."""
+    def _check_open(self) -> None:
         if self._closed:
             raise ClosedError(f"topic {self._path} is closed", path=self._path)
+
+    def partition(self, partition: int) -> Queue:
+        """The queue of one partition (opened on first use; closed with the topic)."""
+        self._check_open()
         if isinstance(partition, bool) or not isinstance(partition, int):
             raise TypeError(f"partition must be an int, not {type(partition).__name__}")
         if not 0 <= partition < self._n:
@@ -255,15 +266,19 @@ class Topic(Resource):
         payload = encode(value_bytes(value), kb, check_headers(headers),
                          check_timestamp(timestamp))
         if self._marks is not None:
-            self._gate()
+            self._gate(1 if self._bp_messages else frame_size(len(payload)))
         return p, self._queue(p).enqueue(payload)
 
     def send_many(self, records: Iterable[ProducerRecord | bytes | str]) -> list[tuple[int, int]]:
         """Append several records (``ProducerRecord``, or a bare value), one batch per
         partition; return each one's ``(partition, offset)`` in order. Every record is
         checked before anything is written."""
-        if self._closed:
-            raise ClosedError(f"topic {self._path} is closed", path=self._path)
+        self._check_open()
+        if isinstance(records, (str, bytes, bytearray, memoryview)):
+            raise TypeError(
+                "send_many takes an iterable of records, not one "
+                f"{type(records).__name__} (use send for one record)"
+            )
         where: list[int] = []
         batches: dict[int, list[bytes]] = {}
         for r in records:
@@ -282,7 +297,8 @@ class Topic(Resource):
         for p, batch in batches.items():
             self._queue(p).check_message_size(max(len(b) for b in batch))
         if self._marks is not None and where:
-            self._gate()
+            self._gate(len(where) if self._bp_messages
+                       else sum(frame_size(len(b)) for bs in batches.values() for b in bs))
         offsets = {p: iter(self._queue(p).enqueue_many(batch)) for p, batch in batches.items()}
         return [(p, next(offsets[p])) for p in where]
 
@@ -294,14 +310,18 @@ class Topic(Resource):
 
     # ------------------------------------------------------------------ back-pressure
 
-    def _gate(self) -> None:
-        """Let a send through, or wait / raise while the watched lag is too high."""
+    def _gate(self, amount: int) -> None:
+        """Let a send (of ``amount`` records or bytes) through, or wait / raise while the
+        watched lag is at the high mark. Between readings, what this topic sent counts as
+        lag, so that a producer alone stops at the mark, not one interval later."""
         bp, marks = self._bp, self._marks
         assert bp is not None and marks is not None
         now = time.monotonic()
-        if now < self._next_check and not marks.paused:
+        if now < self._next_check and not marks.paused and self._lag + self._since < bp.high:
+            self._since += amount
             return
         if not self._refresh(now):
+            self._since += amount
             return
         if bp.on_high == "raise":
             raise self._pressure_error()
@@ -313,13 +333,16 @@ class Topic(Resource):
                     raise self._pressure_error()
                 time.sleep(min(bp.interval, left))
                 if not self._refresh(time.monotonic()):
+                    self._since += amount
                     return
         finally:
             self._blocked += time.monotonic() - now
 
     def _refresh(self, now: float) -> bool:
+        """Re-read the watched lag; return whether sends are paused."""
         assert self._bp is not None and self._marks is not None
         self._lag = watched_lag(self._meter.lags(), self._bp.group)
+        self._since = 0
         self._next_check = now + self._bp.interval
         return self._marks.update(self._lag)
 
@@ -336,6 +359,7 @@ class Topic(Resource):
     def paused(self) -> bool:
         """Re-read the watched lag; True while sends are paused by back-pressure (False
         without ``back_pressure``). For callers that wait elsewhere, such as k7async."""
+        self._check_open()
         if self._marks is None:
             return False
         return self._refresh(time.monotonic())
@@ -343,6 +367,7 @@ class Topic(Resource):
     def throttle_ratio(self) -> float:
         """0 below the low watermark, 1 at the high one or while paused, linear between
         (0 without ``back_pressure``). Re-reads the lag."""
+        self._check_open()
         if self._marks is None:
             return 0.0
         self._refresh(time.monotonic())
@@ -481,6 +506,7 @@ class Topic(Resource):
         if bp is None or marks is None:
             return None
         if refresh:
+            self._check_open()
             self._refresh(time.monotonic())
         return PressureStats(bp.unit, bp.group, bp.high, bp.low_mark, self._lag, marks.paused,
                              marks.ratio(self._lag), marks.pauses, self._blocked)
@@ -502,7 +528,6 @@ class Topic(Resource):
             _close_queues(self._queues)
         except K7Error as exc:
             first = first or exc
-        self._finalizer.detach()
         if first is not None:
             raise first
 

@@ -101,11 +101,12 @@ class LagMeter:
     ``cursors()`` gives, per group, the committed offset of each partition (None: no
     cursor yet, counted from ``earliest(p)``); ``ends()`` the partitions' visible ends;
     ``count(p, start, end)`` the messages between two frame boundaries (None when that range
-    is not readable, e.g. corrupt or deleted while counting). A partition's lag is what is
-    left to consume there: from the committed offset, or from ``earliest(p)`` when
-    retention deleted the records after the cursor (a stalled group keeps its lag: the
-    records still in the partition). Messages are counted only over what changed since the
-    last reading, and always equal a count from scratch.
+    is not readable, e.g. corrupt or deleted while counting). In bytes a partition's lag
+    is its end less the committed offset (as ``TopicGroupStats.lag_bytes``); in messages,
+    the records from the committed offset to the end, counted from ``earliest(p)`` when
+    retention deleted records after the cursor (a stalled group keeps the lag of the
+    records still there). Messages are counted only over what changed since the last
+    reading, and always equal a count from scratch.
     """
 
     def __init__(
@@ -124,15 +125,18 @@ class LagMeter:
         """The lag of every group of the topic now, in the meter's unit."""
         ends = self._ends()
         out: dict[str, int] = {}
-        cursors = self._cursors()
-        # Every cursor is read against its partition's earliest offset: retention may have
-        # deleted records after it (a count over them is impossible, and they are not lag).
-        firsts = [self._earliest(p) for p in range(len(ends))] if cursors else []
-        for group, committed in cursors.items():
+        firsts: dict[int, int] = {}  # each partition's earliest offset, read once
+        for group, committed in self._cursors().items():
             total = 0
             for p, end in enumerate(ends):
                 c = committed[p] if p < len(committed) else None
-                c = firsts[p] if c is None else max(c, firsts[p])
+                # Messages are counted from the earliest record when retention deleted
+                # records after the cursor: a count over them is impossible.
+                if c is None or self.unit == "messages":
+                    first = firsts.get(p)
+                    if first is None:
+                        first = firsts[p] = self._earliest(p)
+                    c = first if c is None else max(c, first)
                 total += self._lag(group, p, min(c, end), end)
             out[group] = total
         return out

@@ -182,8 +182,9 @@ class FakeTopic:
         return [o for o in self.frames[p] if o >= self.first[p]] + [self.end[p]]
 
     def expected(self, unit: str) -> dict[str, int]:
-        """A full recount, written independently of the meter: what is left to consume,
-        from the cursor or from the earliest record (none yet, or deleted after it)."""
+        """A full recount, written independently of the meter: bytes from the cursor (or
+        the earliest offset without one) to the end; messages from the cursor or from the
+        earliest record (no cursor yet, or records deleted after it)."""
         out = {}
         for g, cs in self.cursors.items():
             total = 0
@@ -191,7 +192,7 @@ class FakeTopic:
                 c = cs[p] if p < len(cs) else None
                 start = min(max(c or 0, self.first[p]), self.end[p])
                 if unit == "bytes":
-                    total += self.end[p] - start
+                    total += self.end[p] - min(self.first[p] if c is None else c, self.end[p])
                 elif not any(q == p and o >= start for q, o in self.corrupt):
                     total += sum(1 for o in self.frames[p] if start <= o)
             out[g] = total
@@ -237,9 +238,10 @@ def test_lag_meter_unreadable_range_is_zero() -> None:
     assert m.lags() == {"g": 1 + 3}
 
 
-def test_lag_meter_cursor_below_earliest_counts_from_earliest() -> None:
-    """Retention deleted records a stalled group had not read: its lag is what is left,
-    counted from the earliest record, and stays right as more arrive (incrementally)."""
+def test_lag_meter_cursor_below_earliest() -> None:
+    """Retention deleted records a stalled group had not read: in messages its lag is the
+    records left, counted from the earliest one, and stays right as more arrive
+    (incrementally); in bytes it is still the end less the cursor."""
     t = FakeTopic(1)
     for _ in range(4):
         t.append(0, 8)
@@ -247,11 +249,11 @@ def test_lag_meter_cursor_below_earliest_counts_from_earliest() -> None:
     m, mb = t.meter("messages"), t.meter("bytes")
     assert (m.lags(), mb.lags()) == ({"g": 3}, {"g": 24})
     t.first[0] = 16  # the records at 0 and 8 are gone
-    assert (m.lags(), mb.lags()) == ({"g": 2}, {"g": 16})
+    assert (m.lags(), mb.lags()) == ({"g": 2}, {"g": 24})
     t.append(0, 8)
-    assert (m.lags(), mb.lags()) == ({"g": 3}, {"g": 24})
-    t.first[0] = 40  # everything is gone: nothing left to consume
-    assert (m.lags(), mb.lags()) == ({"g": 0}, {"g": 0})
+    assert (m.lags(), mb.lags()) == ({"g": 3}, {"g": 32})
+    t.first[0] = 40  # every record is gone
+    assert (m.lags(), mb.lags()) == ({"g": 0}, {"g": 32})
 
 
 def test_lag_meter_cursor_beyond_end_is_zero() -> None:
@@ -283,6 +285,26 @@ def test_lag_meter_is_incremental() -> None:
     t.cursors["g"] = [0]  # a seek backwards: a full recount
     assert m.lags() == {"g": 1003}
     assert t.scanned == 1003
+
+
+def test_lag_meter_reads_earliest_once_per_partition() -> None:
+    t = FakeTopic(3)
+    calls: list[int] = []
+
+    def earliest(p: int) -> int:
+        calls.append(p)
+        return t.first[p]
+
+    t.cursors = {"a": [None, 0, None], "b": [0, 0, 0], "c": [None, None, None]}
+    LagMeter("messages", t.ends, t.get_cursors, earliest, t.count).lags()
+    assert sorted(calls) == [0, 1, 2]
+    calls.clear()
+    t.cursors = {"b": [0, 0, 0]}
+    LagMeter("bytes", t.ends, t.get_cursors, earliest, t.count).lags()
+    assert calls == []  # bytes with every cursor known: no need
+    t.cursors = {}
+    LagMeter("messages", t.ends, t.get_cursors, earliest, t.count).lags()
+    assert calls == []  # no group: nothing read
 
 
 def test_lag_meter_groups_counted_apart() -> None:

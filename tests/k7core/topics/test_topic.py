@@ -573,6 +573,27 @@ def test_a_lone_producer_stops_at_the_mark_between_readings(make: MakeTopic) -> 
     assert info.value.lag == 10 and sum(1 for _ in read_all(t)) == 10
 
 
+def test_lag_after_retention_deleted_unread_records(make: MakeTopic) -> None:
+    """retention_bytes deletes records a stalled group never read: its lag in messages is
+    the records still in the partition (counted from the earliest), in bytes the end less
+    its cursor (as stats' lag_bytes), and both stay right as more records arrive."""
+    opts: dict[str, Any] = {"segment_size": 4096, "retention_bytes": 3 * 4096}
+    t = make(1, back_pressure=BackPressure(high=10**6, interval=0), **opts)
+    tb = make(None, back_pressure=BackPressure(high=10**9, unit="bytes", interval=0), **opts)
+    joined(t)
+    q = t.partition(0)
+    for i in range(400):
+        t.send(b"x" * 100)
+        if i % 50 == 49:
+            ps, psb = t.pressure_stats(), tb.pressure_stats()
+            assert ps is not None and psb is not None
+            assert ps.lag == q.count_messages(q.earliest(), q.end) == \
+                (q.end - q.earliest()) // 120
+            [g] = t.stats().groups
+            assert psb.lag == q.end == g.lag_bytes
+    assert q.earliest() > 0  # records were deleted
+
+
 def test_a_group_that_has_not_joined_does_not_hold_sends(make: MakeTopic) -> None:
     t = make(2, back_pressure=BackPressure(high=3, on_high="raise", interval=0))
     t.send_many([b"x"] * 20)

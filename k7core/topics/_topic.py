@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import time
@@ -179,6 +180,9 @@ class Topic(Resource):
         self._next_check = 0.0
         self._lag = 0
         self._since = 0  # what this topic sent since the last reading, in the unit
+        self._ends_now: list[int] = []  # the partitions' visible ends at the last reading
+        # (offset, frame size) of what this topic wrote, per partition, until it is visible
+        self._unpublished: list[list[tuple[int, int]]] = [[] for _ in range(self._n)]
         self._blocked = 0.0
         self._consumers: weakref.WeakSet[TopicConsumer] = weakref.WeakSet()
         self._closed = False
@@ -265,9 +269,13 @@ class Topic(Resource):
         p = self._spread.next(self._n) if kb is None else self._place(kb, self._n)
         payload = encode(value_bytes(value), kb, check_headers(headers),
                          check_timestamp(timestamp))
-        if self._marks is not None:
-            self._gate(1 if self._bp_messages else frame_size(len(payload)))
-        return p, self._queue(p).enqueue(payload)
+        if self._marks is None:
+            return p, self._queue(p).enqueue(payload)
+        size = frame_size(len(payload))
+        self._gate(1 if self._bp_messages else size)
+        off = self._queue(p).enqueue(payload)
+        self._unpublished[p].append((off, size))
+        return p, off
 
     def send_many(self, records: Iterable[ProducerRecord | bytes | str]) -> list[tuple[int, int]]:
         """Append several records (``ProducerRecord``, or a bare value), one batch per
@@ -299,7 +307,11 @@ class Topic(Resource):
         if self._marks is not None and where:
             self._gate(len(where) if self._bp_messages
                        else sum(frame_size(len(b)) for bs in batches.values() for b in bs))
-        offsets = {p: iter(self._queue(p).enqueue_many(batch)) for p, batch in batches.items()}
+        written = {p: self._queue(p).enqueue_many(batch) for p, batch in batches.items()}
+        if self._marks is not None:
+            for p, offs in written.items():
+                self._unpublished[p] += zip(offs, (frame_size(len(b)) for b in batches[p]))
+        offsets = {p: iter(offs) for p, offs in written.items()}
         return [(p, next(offsets[p])) for p in where]
 
     def sync(self) -> None:
@@ -341,7 +353,9 @@ class Topic(Resource):
     def _refresh(self, now: float) -> bool:
         """Re-read the watched lag; return whether sends are paused."""
         assert self._bp is not None and self._marks is not None
-        self._lag = watched_lag(self._meter.lags(), self._bp.group)
+        # one reading of the ends for both parts, or a publish between them counts nowhere
+        self._ends_now = [self._queue(p).end for p in range(self._n)]
+        self._lag = watched_lag(self._meter.lags(), self._bp.group) + self._not_visible()
         self._since = 0
         self._next_check = now + self._bp.interval
         return self._marks.update(self._lag)
@@ -376,7 +390,18 @@ class Topic(Resource):
     # ------------------------------------------------------------------ lag
 
     def _ends(self) -> list[int]:
-        return [self._queue(p).end for p in range(self._n)]
+        return self._ends_now
+
+    def _not_visible(self) -> int:
+        """What this topic wrote that readers do not see yet (the flusher publishes it at
+        its next pass), in the back-pressure unit: every group lags by that too."""
+        total = 0
+        for p, mine in enumerate(self._unpublished):
+            if mine:
+                i = bisect.bisect_left(mine, (self._ends_now[p], 0))
+                del mine[:i]
+                total += len(mine) if self._bp_messages else sum(size for _, size in mine)
+        return total
 
     def _earliest(self, p: int) -> int:
         bases = list_segments(partition_dir(self._path, p))

@@ -310,7 +310,8 @@ class Topic(Resource):
         written = {p: self._queue(p).enqueue_many(batch) for p, batch in batches.items()}
         if self._marks is not None:
             for p, offs in written.items():
-                self._unpublished[p] += zip(offs, (frame_size(len(b)) for b in batches[p]))
+                sizes = map(frame_size, map(len, batches[p]))
+                self._unpublished[p] += zip(offs, sizes, strict=True)
         offsets = {p: iter(offs) for p, offs in written.items()}
         return [(p, next(offsets[p])) for p in where]
 

@@ -48,6 +48,7 @@ class ProducerRecord(NamedTuple):
     key: bytes | str | None = None
     headers: HeadersArg = None
     timestamp: int | None = None
+    partition: int | None = None
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,15 @@ class Topic(Resource):
             q = self._queues[p] = Queue(partition_dir(self._path, p), **args)  # type: ignore[arg-type]
         return q
 
+    def _place_record(self, kb: bytes | None, partition: int | None) -> int:
+        if partition is not None:
+            if isinstance(partition, bool) or not isinstance(partition, int):
+                raise TypeError(f"partition must be an int, not {type(partition).__name__}")
+            if not 0 <= partition < self._n:
+                raise ValueError(f"partition must be 0 .. {self._n - 1}, not {partition}")
+            return partition
+        return self._spread.next(self._n) if kb is None else self._place(kb, self._n)
+
     def partition_for(self, key: bytes | str) -> int:
         """The partition of a key (the topic's partitioner; Kafka's for ``"kafka"``)."""
         kb = key_bytes(key)
@@ -259,14 +269,16 @@ class Topic(Resource):
         key: bytes | str | None = None,
         headers: HeadersArg = None,
         timestamp: int | None = None,
+        partition: int | None = None,
     ) -> tuple[int, int]:
         """Append one record; return ``(partition, offset)``. Durable per ``fsync`` when
-        this returns. A key goes to the partition of its hash; no key spreads records
-        round-robin over the partitions. ``timestamp`` is milliseconds (None: now)."""
+        this returns. ``partition`` if given (Kafka's and TitanMQ's explicit partition),
+        else the partition of the key's hash; no key spreads records round-robin over the
+        partitions. ``timestamp`` is milliseconds (None: now)."""
         if self._closed:
             raise ClosedError(f"topic {self._path} is closed", path=self._path)
         kb = key_bytes(key)
-        p = self._spread.next(self._n) if kb is None else self._place(kb, self._n)
+        p = self._place_record(kb, partition)
         payload = encode(value_bytes(value), kb, check_headers(headers),
                          check_timestamp(timestamp))
         if self._marks is None:
@@ -297,7 +309,7 @@ class Topic(Resource):
                     f"send_many takes ProducerRecord or bytes items, not {type(r).__name__}"
                 )
             kb = key_bytes(r.key)
-            p = self._spread.next(self._n) if kb is None else self._place(kb, self._n)
+            p = self._place_record(kb, r.partition)
             payload = encode(value_bytes(r.value), kb, check_headers(r.headers),
                              check_timestamp(r.timestamp))
             where.append(p)

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._errors import StorageError
 from .._storage import FILE_MODE, open_fd, read_file, write_file_atomic
 from ._errors import TopicError
 from ._partitioner import PARTITIONERS
@@ -93,7 +94,15 @@ def open_meta(
                 f"topic {topic} does not exist", path=topic,
                 hint="pass partitions=N to create it",
             )
-        topic.mkdir(parents=True, exist_ok=True)
+        if topic.exists() and not topic.is_dir():
+            raise TopicError(f"{topic} is not a directory", path=topic)
+        try:
+            topic.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a parent that is a file, no permission, a full disk
+            raise StorageError(
+                f"cannot create topic directory {topic}: {exc.strerror}",
+                errno_=exc.errno or 0, path=topic,
+            ) from exc
         fd = open_fd(topic / META_LOCK, os.O_RDWR | os.O_CREAT, file_mode)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # two creators agree on one file

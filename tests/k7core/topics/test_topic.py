@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from k7core import ClosedError, K7Error, MessageTooLargeError, ReadOnlyError
+from k7core import ClosedError, K7Error, MessageTooLargeError, ReadOnlyError, StorageError
 from k7core.topics import (
     BackPressure,
     BackPressureError,
@@ -140,6 +140,36 @@ def test_a_plain_directory_is_not_a_topic(make: MakeTopic, tmp_path: Path) -> No
         make(None, readonly=True)
     with pytest.raises(TopicError, match="does not exist"):
         make(None)
+
+
+def test_a_file_is_not_a_topic(tmp_path: Path) -> None:
+    """A path that is a file, or under one, is a K7Error naming it (not a bare OSError),
+    and nothing is created."""
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(TopicError, match="is not a directory"):
+        Topic(f, 2, segment_size=SEG)
+    with pytest.raises(TopicError, match="is not a topic"):
+        Topic(f, readonly=True)
+    with pytest.raises(StorageError, match=r"cannot create topic directory .*: Not a directory"):
+        Topic(f / "t", 2, segment_size=SEG)
+    assert f.read_text() == "x" and sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def test_metadata_that_is_not_a_regular_file(make: MakeTopic, tmp_path: Path) -> None:
+    """A metadata name held by a directory or a symbolic link: a StorageError saying so."""
+    path = make(2).path
+    (path / META_FILE).unlink()
+    (path / META_FILE).mkdir()
+    with pytest.raises(StorageError, match="not a regular file"):
+        make(None)
+    (path / META_FILE).rmdir()
+    real = tmp_path / "meta.json"
+    real.write_text(json.dumps({"k7py": "topic", "version": 1, "partitions": 2,
+                                "partitioner": "kafka"}))
+    (path / META_FILE).symlink_to(real)
+    with pytest.raises(StorageError, match="symbolic link"):
+        make(None, readonly=True)
 
 
 @pytest.mark.parametrize(("partitions", "error"), [

@@ -101,7 +101,7 @@ member_ids = st.text(
 )
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(strategy=st.sampled_from(["range", "roundrobin"]),
        members=st.lists(member_ids, min_size=1, max_size=9), n=st.integers(0, 40))
 def test_equals_kafka(strategy: str, members: list[str], n: int) -> None:
@@ -134,6 +134,7 @@ def check_complete(a: Mapping[str, Sequence[int]], members: Sequence[str], n: in
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
+@settings(deadline=None)  # a loaded machine is slow, not wrong
 @given(members=st.lists(member_ids, min_size=1, max_size=9, unique=True),
        n=st.integers(0, 50), seed=st.integers(0, 2**32))
 def test_balanced_complete_deterministic(

@@ -41,6 +41,8 @@ _U16 = struct.Struct("<H")
 _TS_MIN, _TS_MAX = -(1 << 63), (1 << 63) - 1
 
 Headers: TypeAlias = tuple[tuple[str, bytes], ...]
+Value: TypeAlias = bytes | bytearray | memoryview | str
+"""A record value (or key): bytes-like as is, ``str`` as UTF-8."""
 HeadersArg: TypeAlias = (
     "Mapping[str, str | bytes] | Iterable[tuple[str, str | bytes]] | None"
 )

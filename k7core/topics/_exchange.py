@@ -24,7 +24,7 @@ from .._format import Fsync
 from .._queue import Queue
 from .._resource import Resource
 from .._storage import FILE_MODE, open_fd, read_file, write_file_atomic
-from ._envelope import HeadersArg, check_headers, check_timestamp
+from ._envelope import HeadersArg, Value, check_headers, check_timestamp, value_bytes
 from ._errors import TopicError
 from ._layout import META_FILE
 from ._routing import (
@@ -248,10 +248,10 @@ class Exchange(Resource):
 
     def publish(
         self,
-        value: bytes | str,
+        value: Value,
         routing_key: str = "",
         *,
-        key: bytes | str | None = None,
+        key: Value | None = None,
         headers: HeadersArg = None,
         timestamp: int | None = None,
     ) -> list[Delivery]:
@@ -268,8 +268,7 @@ class Exchange(Resource):
                 p, off = d.send(value, key, hs, ts)
                 out.append(Delivery(dest, p, off))
             else:
-                data = value.encode() if isinstance(value, str) else value
-                out.append(Delivery(dest, None, d.enqueue(data)))
+                out.append(Delivery(dest, None, d.enqueue(value_bytes(value))))
         return out
 
     def _open(self, dest: str) -> Topic | Queue:

@@ -21,6 +21,7 @@ from .._storage import FILE_MODE, list_segments
 from ._envelope import (
     HeadersArg,
     Record,
+    Value,
     check_headers,
     check_timestamp,
     decode,
@@ -44,8 +45,8 @@ spare per writer process), so smaller than a plain queue's 256 MiB."""
 class ProducerRecord(NamedTuple):
     """One record for ``Topic.send_many``: the arguments of ``send``."""
 
-    value: bytes | str
-    key: bytes | str | None = None
+    value: Value
+    key: Value | None = None
     headers: HeadersArg = None
     timestamp: int | None = None
     partition: int | None = None
@@ -254,7 +255,7 @@ class Topic(Resource):
             return partition
         return self._spread.next(self._n) if kb is None else self._place(kb, self._n)
 
-    def partition_for(self, key: bytes | str) -> int:
+    def partition_for(self, key: Value) -> int:
         """The partition of a key (the topic's partitioner; Kafka's for ``"kafka"``)."""
         kb = key_bytes(key)
         if kb is None:
@@ -265,8 +266,8 @@ class Topic(Resource):
 
     def send(
         self,
-        value: bytes | str,
-        key: bytes | str | None = None,
+        value: Value,
+        key: Value | None = None,
         headers: HeadersArg = None,
         timestamp: int | None = None,
         partition: int | None = None,
@@ -289,7 +290,7 @@ class Topic(Resource):
         self._unpublished[p].append((off, size))
         return p, off
 
-    def send_many(self, records: Iterable[ProducerRecord | bytes | str]) -> list[tuple[int, int]]:
+    def send_many(self, records: Iterable[ProducerRecord | Value]) -> list[tuple[int, int]]:
         """Append several records (``ProducerRecord``, or a bare value), one batch per
         partition; return each one's ``(partition, offset)`` in order. Every record is
         checked before anything is written."""

@@ -22,7 +22,7 @@ from ._writer import MAX_BATCH_MESSAGES, Append, Writer
 T_contra = TypeVar("T_contra", contravariant=True)
 
 
-class _Room:
+class Room:
     """Where the senders of a producer channel wait for room in its full buffer: one event
     for all of them, set each time the channel's pump takes items (or waits for some).
 
@@ -50,10 +50,10 @@ class _Room:
             self._event = None
 
 
-def _drain_nowait(
-    stream: MemoryObjectReceiveStream[Payload | _Stop],
+def drain_nowait(
+    stream: MemoryObjectReceiveStream[Payload | Stop],
     batch: list[Payload],
-    room: _Room | None = None,
+    room: Room | None = None,
 ) -> bool:
     """Move what the stream holds now (buffer and blocked senders) into ``batch``; tell the
     senders waiting in ``room`` that there is room again.
@@ -70,7 +70,7 @@ def _drain_nowait(
         except anyio.EndOfStream:
             over = True
             break
-        if isinstance(item, _Stop):
+        if isinstance(item, Stop):
             over = True  # keep draining: items sent before the stop was seen still count
         else:
             batch.append(item)
@@ -79,11 +79,11 @@ def _drain_nowait(
     return over
 
 
-async def _gather(
-    stream: MemoryObjectReceiveStream[Payload | _Stop],
+async def gather_batch(
+    stream: MemoryObjectReceiveStream[Payload | Stop],
     batch: list[Payload],
     target: int,
-    room: _Room | None = None,
+    room: Room | None = None,
 ) -> bool:
     """Drain the stream into ``batch``; while senders keep it busy, go on for a few more
     scheduler passes (up to ``target`` items) so that one thread hop carries many messages.
@@ -92,12 +92,12 @@ async def _gather(
     nothing (a few: a scheduler may run this task before the senders within a pass).
     Returns True when the stream is over. Call it shielded: it holds items already taken.
     """
-    over = _drain_nowait(stream, batch, room)
+    over = drain_nowait(stream, batch, room)
     idle = 0
     while not over and len(batch) < target and idle < _IDLE_PASSES:
         had = len(batch)
         await anyio.lowlevel.checkpoint()
-        over = _drain_nowait(stream, batch, room)
+        over = drain_nowait(stream, batch, room)
         idle = idle + 1 if len(batch) == had else 0
     return over
 
@@ -137,7 +137,7 @@ async def _sink(writer: Writer, stream: ObjectReceiveStream[Payload]) -> int:
         over = False
         if memory is not None:
             with anyio.CancelScope(shield=True):  # items taken are written, cancelled or not
-                over = await _gather(memory, batch, target)
+                over = await gather_batch(memory, batch, target)
         await writer.append(batch, shield=True)
         count += len(batch)
         if over:
@@ -147,13 +147,13 @@ async def _sink(writer: Writer, stream: ObjectReceiveStream[Payload]) -> int:
 # ---------------------------------------------------------------------- producer channel
 
 
-class _Stop:
+class Stop:
     """Marker the channel's exit sends behind every item already sent."""
 
     __slots__ = ()
 
 
-_STOP = _Stop()
+STOP = Stop()
 
 _IDLE_PASSES = 3
 
@@ -170,9 +170,9 @@ class _Pump:
     def __init__(
         self,
         writer: Writer,
-        receive: MemoryObjectReceiveStream[Payload | _Stop],
+        receive: MemoryObjectReceiveStream[Payload | Stop],
         target: int,
-        room: _Room,
+        room: Room,
     ) -> None:
         self.target = target
         self.room = room
@@ -199,7 +199,7 @@ class _Pump:
         inflight: tuple[Append, list[Payload]] | None = None
         while True:
             batch: list[Payload] = []
-            over = _drain_nowait(receive, batch, room)
+            over = drain_nowait(receive, batch, room)
             if not batch and not over:  # nothing at hand
                 if inflight is not None:
                     await self._settle(*inflight)
@@ -210,12 +210,12 @@ class _Pump:
                     first = await receive.receive()  # wait for a sender
                 except anyio.EndOfStream:
                     return
-                if isinstance(first, _Stop):
-                    over = _drain_nowait(receive, batch, room) or True
+                if isinstance(first, Stop):
+                    over = drain_nowait(receive, batch, room) or True
                 else:
                     batch.append(first)
             if batch and not over:
-                over = await _gather(receive, batch, self.target, room)
+                over = await gather_batch(receive, batch, self.target, room)
             if over:
                 # No checkpoint since the last receive_nowait: nothing can slip in between.
                 receive.close()
@@ -251,15 +251,15 @@ class ChannelSendStream(MemoryObjectSendStream[T_contra]):
     clones, closing and errors) whose ``send`` is paced by :class:`Pace`: a cancel point at
     every call, a schedule point at least every ``SCHEDULE_EVERY`` calls and whenever it
     waits for room, instead of a full checkpoint per message. Senders waiting for room in a
-    full buffer wait together (:class:`_Room`)."""
+    full buffer wait together (:class:`Room`)."""
 
-    _room: _Room = field(default_factory=_Room)  # shared by the clones
+    _room: Room = field(default_factory=Room)  # shared by the clones
     _pace: Pace = field(init=False, default_factory=Pace)
 
     @classmethod
     def _over(cls, stream: MemoryObjectSendStream[T_contra]) -> ChannelSendStream[T_contra]:
         """A paced stream onto ``stream``'s buffer; ``stream`` is closed (this replaces it)."""
-        paced = cls(_state=stream._state, _room=_Room(stream.statistics().max_buffer_size == 0))
+        paced = cls(_state=stream._state, _room=Room(stream.statistics().max_buffer_size == 0))
         stream.close()
         return paced
 
@@ -316,7 +316,7 @@ async def producer_channel(
     and the items after it are not.
     """
     core = core_queue(queue)
-    plain, receive = anyio.create_memory_object_stream[Payload | _Stop](max_buffer_size)
+    plain, receive = anyio.create_memory_object_stream[Payload | Stop](max_buffer_size)
     send = ChannelSendStream._over(plain)
     control = send.clone()
     pump: _Pump | None = None
@@ -326,7 +326,7 @@ async def producer_channel(
                 writer, receive, max(1, int(min(max_buffer_size, MAX_BATCH_MESSAGES))), send._room
             )
             try:
-                async with _alongside(pump.run):
+                async with alongside(pump.run):
                     try:
                         yield send
                     finally:
@@ -336,7 +336,7 @@ async def producer_channel(
                             with contextlib.suppress(
                                 anyio.BrokenResourceError, anyio.ClosedResourceError
                             ):
-                                await control.send(_STOP)
+                                await control.send(STOP)
                             control.close()
                             await pump.done.wait()
             finally:
@@ -349,7 +349,7 @@ async def producer_channel(
 
 
 @asynccontextmanager
-async def _alongside(fn: Callable[[], Coroutine[Any, Any, None]]) -> AsyncIterator[None]:
+async def alongside(fn: Callable[[], Coroutine[Any, Any, None]]) -> AsyncIterator[None]:
     """Run ``fn`` in a task while the block runs, leaving the block's own exception as it is.
 
     A task group would wrap an exception raised in the block in an ExceptionGroup; the user's

@@ -51,7 +51,7 @@ from k7core.topics import (
 from ._bridge import Pace, post
 from ._errors import AutoAckError, StreamClosedError
 from ._owner import Call, Command, Owner
-from ._producer import _STOP, ChannelSendStream, _alongside, _drain_nowait, _gather, _Room, _Stop
+from ._producer import STOP, ChannelSendStream, Room, Stop, alongside, drain_nowait, gather_batch
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
@@ -391,7 +391,7 @@ class _TopicPump:
         receive: MemoryObjectReceiveStream[Any],
         target: int,
         max_batch: int,
-        room: _Room,
+        room: Room,
         failure: _Failure,
     ) -> None:
         self.topic = topic
@@ -420,19 +420,19 @@ class _TopicPump:
         receive, room = self.receive, self.room
         while True:
             batch: list[Any] = []
-            over = _drain_nowait(receive, batch, room)
+            over = drain_nowait(receive, batch, room)
             if not batch and not over:
                 room.notify()
                 try:
                     first = await receive.receive()
                 except anyio.EndOfStream:
                     return
-                if isinstance(first, _Stop):
-                    over = _drain_nowait(receive, batch, room) or True
+                if isinstance(first, Stop):
+                    over = drain_nowait(receive, batch, room) or True
                 else:
                     batch.append(first)
             if batch and not over:
-                over = await _gather(receive, batch, self.target, room)
+                over = await gather_batch(receive, batch, self.target, room)
             if over:
                 receive.close()
             for i in range(0, len(batch), self.max_batch):
@@ -485,7 +485,7 @@ async def topic_producer_channel(
     target = max(1, int(min(max_buffer_size, max_batch)))
     pump = _TopicPump(topic, receive, target, max_batch, send._room, send._failure)
     try:
-        async with _alongside(pump.run):
+        async with alongside(pump.run):
             try:
                 yield send
             finally:
@@ -508,13 +508,13 @@ async def _stop(pump: _TopicPump, control: MemoryObjectSendStream[Any]) -> None:
     broken = (anyio.BrokenResourceError, anyio.ClosedResourceError)
     try:
         with contextlib.suppress(*broken):  # broken: the pump already stopped
-            await control.send(_STOP)  # may wait for room while the topic is paused
+            await control.send(STOP)  # may wait for room while the topic is paused
         await pump.done.wait()
     except BaseException:
         pump.give_up.set()
         with anyio.CancelScope(shield=True):
             with contextlib.suppress(*broken):
-                await control.send(_STOP)
+                await control.send(STOP)
             await pump.done.wait()
         raise
     finally:

@@ -30,7 +30,7 @@ ALL_PUBLIC = ["k7core", "k7core.jobs", "k7core.jobs.metrics", "k7core.spark",
               "k7core.workers", "k7core.workers.metrics", "k7core.outbox",
               "k7core.metrics", "k7core.beanstalk", "k7core.beanstalk.protocol",
               "k7core.beanstalk.calls", "k7async", "k7async.beanstalk", "k7async.server",
-              "k7async.server.metrics"]
+              "k7async.server.metrics", "k7core.topics", "k7core.topics.metrics"]
 
 
 def test_errors_are_grouped() -> None:
@@ -96,7 +96,7 @@ def test_all_names_exist_and_are_public(name: str) -> None:
 @pytest.mark.parametrize(
     "name", ["k7core", "k7core.jobs", "k7core.jobs.metrics", "k7core.spark", "k7core.metrics",
              "k7core.beanstalk", "k7core.beanstalk.calls", "k7core.workers", "k7async",
-             "k7async.beanstalk"]
+             "k7async.beanstalk", "k7core.topics", "k7core.topics.metrics"]
 )
 def test_exports_report_their_public_module(name: str) -> None:
     mod = _module(name)
@@ -164,7 +164,7 @@ def _annotated(obj: Any) -> Iterator[tuple[str, Any]]:
 @pytest.mark.parametrize(
     "name", ["k7core", "k7core.jobs", "k7core.jobs.metrics", "k7core.spark", "k7core.metrics",
              "k7core.beanstalk", "k7core.beanstalk.calls", "k7core.workers", "k7async",
-             "k7async.beanstalk"]
+             "k7async.beanstalk", "k7core.topics", "k7core.topics.metrics"]
 )
 def test_what_public_calls_take_and_return_is_exported(name: str) -> None:
     """Users hold what a public function or method returns and build what it takes: every

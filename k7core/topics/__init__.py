@@ -33,14 +33,14 @@ from ._routing import InvalidBindingError as InvalidBindingError
 from ._routing import InvalidRecordError as InvalidRecordError
 from ._routing import Router as Router
 from ._routing import parse_header_condition as parse_header_condition
+from ._stats import PartitionLag as PartitionLag
+from ._stats import PartitionStats as PartitionStats
+from ._stats import PressureStats as PressureStats
+from ._stats import TopicGroupStats as TopicGroupStats
+from ._stats import TopicStats as TopicStats
 from ._topic import TOPIC_SEGMENT_SIZE as TOPIC_SEGMENT_SIZE
-from ._topic import PartitionLag as PartitionLag
-from ._topic import PartitionStats as PartitionStats
-from ._topic import PressureStats as PressureStats
 from ._topic import ProducerRecord as ProducerRecord
 from ._topic import Topic as Topic
-from ._topic import TopicGroupStats as TopicGroupStats
-from ._topic import TopicStats as TopicStats
 
 __all__ = [
     "PARTITIONERS",

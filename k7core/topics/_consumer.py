@@ -6,20 +6,34 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from .._checks import check_count, check_seconds, check_timeout
 from .._errors import ClosedError, GroupBusyError, K7Error
 from .._format import Fsync, check_group_name
 from .._group import ConsumerGroup, Message
+from .._queue import Queue
 from .._resource import Resource
 from ._assign import STRATEGIES
 from ._envelope import Record, decode
 from ._errors import NotAssignedError
-from ._membership import GroupState, check_member_id, default_member_id, publish
+from ._layout import groups_dir
+from ._membership import GroupDir, GroupState, check_member_id, default_member_id, publish
+from ._stats import TopicGroupStats, TopicStats
 
-if TYPE_CHECKING:
-    from ._topic import Topic, TopicGroupStats
+
+class TopicLike(Protocol):
+    """What a consumer needs of its topic (``Topic`` is one)."""
+
+    @property
+    def path(self) -> Path: ...
+    @property
+    def partitions(self) -> int: ...
+    @property
+    def file_mode(self) -> int: ...
+    def partition(self, partition: int) -> Queue: ...
+    def stats(self) -> TopicStats: ...
 
 _WAIT_SLICE = 0.002  # with several partitions, how long one partition's wait lasts
 _FAST_BEAT = 0.01  # heartbeat while a partition waits to be taken or to drain
@@ -63,7 +77,7 @@ class TopicConsumer(Resource):
 
     def __init__(
         self,
-        topic: Topic,
+        topic: TopicLike,
         group: str,
         member: str | None = None,
         *,
@@ -95,7 +109,7 @@ class TopicConsumer(Resource):
         self._rr = 0
         self._rebalances = 0
         self._published = -1
-        self._dir = topic.group_dir(self.group)
+        self._dir = GroupDir(groups_dir(topic.path) / self.group, topic.file_mode)
         self._dir.create()
         with self._dir.locked():
             self._dir.check_strategy(strategy)

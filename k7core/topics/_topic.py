@@ -8,16 +8,16 @@ import os
 import time
 import weakref
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from .._errors import ClosedError, K7Error
-from .._format import Fsync, check_group_name, frame_size
+from .._format import Fsync, frame_size
 from .._queue import Queue
 from .._resource import Resource
 from .._stats import GroupInfo, read_cursors
 from .._storage import FILE_MODE, list_segments
+from ._consumer import TopicConsumer
 from ._envelope import (
     HeadersArg,
     Record,
@@ -33,9 +33,7 @@ from ._layout import check_partitions, groups_dir, open_meta, partition_dir
 from ._membership import GroupDir, GroupState
 from ._partitioner import KeylessSpreader, key_bytes, partitioner_for
 from ._pressure import BackPressure, LagMeter, Watermarks, watched_lag
-
-if TYPE_CHECKING:
-    from ._consumer import TopicConsumer
+from ._stats import PartitionLag, PartitionStats, PressureStats, TopicGroupStats, TopicStats
 
 TOPIC_SEGMENT_SIZE = 32 * 1024 * 1024
 """Partitions' default segment size: a topic preallocates one segment per partition (and a
@@ -50,71 +48,6 @@ class ProducerRecord(NamedTuple):
     headers: HeadersArg = None
     timestamp: int | None = None
     partition: int | None = None
-
-
-@dataclass(frozen=True)
-class PartitionStats:
-    partition: int
-    earliest_offset: int
-    next_offset: int
-    writer_pids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class PartitionLag:
-    """One partition of a group: its cursor, the lag behind the end, and whether a member
-    holds it now (its cursor lock)."""
-
-    partition: int
-    committed: int
-    lag_bytes: int
-    lag_messages: int | None
-    owner: str | None  # the member the current generation assigns it to
-    holder: str | None  # the member holding it now (its previous owner while it drains)
-    owned: bool  # some consumer holds its cursor lock
-
-
-@dataclass(frozen=True)
-class TopicGroupStats:
-    name: str
-    generation: int
-    strategy: str | None
-    members: tuple[str, ...]
-    assignment: dict[str, list[int]]
-    partitions: tuple[PartitionLag, ...]
-
-    @property
-    def lag_bytes(self) -> int:
-        return sum(p.lag_bytes for p in self.partitions)
-
-    @property
-    def lag_messages(self) -> int | None:
-        ns = [p.lag_messages for p in self.partitions]
-        return None if None in ns else sum(n for n in ns if n is not None)
-
-
-@dataclass(frozen=True)
-class PressureStats:
-    """Back-pressure now: the watched lag, the marks, paused or not, the throttle ratio."""
-
-    unit: str
-    group: str | None
-    high: int
-    low: int
-    lag: int
-    paused: bool
-    throttle_ratio: float
-    pauses: int
-    blocked_seconds: float
-
-
-@dataclass(frozen=True)
-class TopicStats:
-    path: str
-    partitions: tuple[PartitionStats, ...]
-    partitioner: str
-    groups: tuple[TopicGroupStats, ...]
-    back_pressure: PressureStats | None
 
 
 class Topic(Resource):
@@ -219,6 +152,11 @@ class Topic(Resource):
     @property
     def readonly(self) -> bool:
         return self._readonly
+
+    @property
+    def file_mode(self) -> int:
+        """The mode the topic's files are created with (partitions, group files)."""
+        return self._file_mode
 
     @property
     def closed(self) -> bool:
@@ -485,8 +423,6 @@ class Topic(Resource):
     ) -> TopicConsumer:
         """Join consumer group ``group`` as ``member`` (None: a unique id); see
         ``TopicConsumer``."""
-        from ._consumer import TopicConsumer
-
         if self._closed:
             raise ClosedError(f"topic {self._path} is closed", path=self._path)
         c = TopicConsumer(
@@ -496,9 +432,6 @@ class Topic(Resource):
         )
         self._consumers.add(c)
         return c
-
-    def group_dir(self, group: str) -> GroupDir:
-        return GroupDir(groups_dir(self._path) / check_group_name(group), self._file_mode)
 
     # ------------------------------------------------------------------ stats
 

@@ -28,6 +28,8 @@ except ImportError as exc:
 
 from ._topic import Topic
 
+__all__ = ["TopicCollector"]
+
 
 class TopicCollector(Collector):
     """A collector for some topics: partition ends, groups (generation, members, owner and

@@ -8,9 +8,11 @@ is opened ``readonly=True`` there (a live writer elsewhere is fine). The workers
 this k7core: :func:`local_session` points ``PYSPARK_PYTHON`` at the running interpreter.
 
 Batch read, batch write (all or nothing), streaming read (read limits, availableNow, group
-cursor, failOnDataLoss) and streaming write (exactly once per batch id). This module is the
+cursor, failOnDataLoss) and streaming write (exactly once per batch id); topics
+(``k7core.topics``) read and written with Kafka's columns and offsets. This module is the
 face: the ``"k7"`` format and a local session; the streaming names (``K7StreamReader``,
-``K7StreamWriter``, ``SINK_PREFIX``) are imported on first use.
+``K7StreamWriter``, ``K7TopicStreamReader``, ``K7TopicStreamWriter``, ``SINK_PREFIX``) are
+imported on first use.
 """
 
 from __future__ import annotations
@@ -29,17 +31,26 @@ except ImportError as exc:
     raise _MissingExtraError("k7core.spark", "spark", exc) from exc
 
 from .. import K7Error
+from ._arrow import TOPIC_SCHEMA as _TOPIC_SCHEMA
 from ._arrow import source_schema as _source_schema
-from ._batch_reader import K7BatchReader
-from ._batch_writer import K7BatchWriter
+from ._batch_reader import K7BatchReader, K7TopicBatchReader
+from ._batch_writer import K7BatchWriter, K7TopicBatchWriter
 from ._errors import K7DataLossError, K7OptionError
 from ._options import flag as _flag
 from ._options import lower as _lower
-from ._partitions import K7Partition
-from ._sink import STAGING_DIR, K7StagedRows
+from ._partitions import K7Partition, K7TopicPartition
+from ._sink import STAGING_DIR, K7StagedRows, K7TopicRows
+from ._topic import is_topic as _is_topic
+from ._topic import sink_is_topic as _sink_is_topic
 
 if TYPE_CHECKING:
-    from ._stream import SINK_PREFIX, K7StreamReader, K7StreamWriter
+    from ._stream import (
+        SINK_PREFIX,
+        K7StreamReader,
+        K7StreamWriter,
+        K7TopicStreamReader,
+        K7TopicStreamWriter,
+    )
 
 __all__ = [
     "SINK_PREFIX",
@@ -53,6 +64,12 @@ __all__ = [
     "K7StagedRows",
     "K7StreamReader",
     "K7StreamWriter",
+    "K7TopicBatchReader",
+    "K7TopicBatchWriter",
+    "K7TopicPartition",
+    "K7TopicRows",
+    "K7TopicStreamReader",
+    "K7TopicStreamWriter",
     "local_session",
 ]
 
@@ -83,6 +100,17 @@ class K7DataSource(DataSource):
     ``checkpointLocation``) takes a ``payload`` BINARY or a ``value`` STRING column (UTF-8
     encoded); ``lockTimeout`` (seconds, default 10) bounds the wait for the queue's writer
     lock at commit.
+
+    A path that is a topic (``k7core.topics``: a directory with ``k7py-topic.json``) reads
+    as Kafka's source does: ``key``, ``value``, ``topic``, ``partition``, ``offset``,
+    ``timestamp``, ``timestampType``, ``headers``, its partitions in parallel;
+    ``startingOffsets`` / ``endingOffsets`` also take Kafka's JSON per partition
+    (``{"<topic>": {"0": 23, "1": -2}}``, -2 earliest, -1 latest), and ``group`` is read
+    per partition. Writing to a topic takes ``value`` (BINARY or STRING) and optionally
+    ``key``, ``headers``, ``timestamp`` and ``partition``; rows without a partition are
+    placed by the topic's partitioner on their key (keyless ones spread); the tasks append
+    (at least once, as Kafka's sink); ``partitions`` (N) creates the topic. See
+    docs/spark.md, "Topics".
     """
 
     @classmethod
@@ -90,21 +118,40 @@ class K7DataSource(DataSource):
         return "k7"
 
     def schema(self) -> str:
-        return _source_schema(_flag(_lower(self.options), "includeValue"))
+        options = _lower(self.options)
+        if _is_topic(options):
+            return _TOPIC_SCHEMA
+        return _source_schema(_flag(options, "includeValue"))
 
-    def reader(self, schema: StructType) -> K7BatchReader:
-        return K7BatchReader(_lower(self.options), schema)
+    def reader(self, schema: StructType) -> K7BatchReader | K7TopicBatchReader:
+        options = _lower(self.options)
+        if _is_topic(options):
+            return K7TopicBatchReader(options, schema)
+        return K7BatchReader(options, schema)
 
-    def writer(self, schema: StructType, overwrite: bool) -> K7BatchWriter:
-        return K7BatchWriter(_lower(self.options), schema, overwrite)
+    def writer(
+        self, schema: StructType, overwrite: bool
+    ) -> K7BatchWriter | K7TopicBatchWriter:
+        options = _lower(self.options)
+        if _sink_is_topic(options, schema):
+            return K7TopicBatchWriter(options, schema, overwrite)
+        return K7BatchWriter(options, schema, overwrite)
 
-    def streamReader(self, schema: StructType) -> K7StreamReader:
+    def streamReader(self, schema: StructType) -> K7StreamReader | K7TopicStreamReader:
         _load_streaming()
-        return K7StreamReader(_lower(self.options), schema)
+        options = _lower(self.options)
+        if _is_topic(options):
+            return K7TopicStreamReader(options, schema)
+        return K7StreamReader(options, schema)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> K7StreamWriter:
+    def streamWriter(
+        self, schema: StructType, overwrite: bool
+    ) -> K7StreamWriter | K7TopicStreamWriter:
         _load_streaming()
-        return K7StreamWriter(_lower(self.options), schema, overwrite)
+        options = _lower(self.options)
+        if _sink_is_topic(options, schema):
+            return K7TopicStreamWriter(options, schema, overwrite)
+        return K7StreamWriter(options, schema, overwrite)
 
 
 def local_session(app_name: str = "k7", **conf: str) -> Any:
@@ -134,7 +181,10 @@ def local_session(app_name: str = "k7", **conf: str) -> Any:
     return session
 
 
-_STREAMING = ("SINK_PREFIX", "K7StreamReader", "K7StreamWriter")
+_STREAMING = (
+    "SINK_PREFIX", "K7StreamReader", "K7StreamWriter", "K7TopicStreamReader",
+    "K7TopicStreamWriter",
+)
 
 
 def _load_streaming() -> None:
@@ -143,7 +193,7 @@ def _load_streaming() -> None:
     if "K7StreamWriter" in globals():
         return
     try:
-        from ._stream import SINK_PREFIX, K7StreamReader, K7StreamWriter
+        from . import _stream
     except ImportError as exc:
         import pyspark
 
@@ -151,11 +201,11 @@ def _load_streaming() -> None:
             f"k7 streaming needs pyspark >= 4.2; this is pyspark {pyspark.__version__} ({exc})",
             hint="pip install -U 'k7py[spark]'",
         ) from exc
-    for cls in (K7StreamReader, K7StreamWriter):
-        cls.__module__ = __name__
-    globals().update(
-        SINK_PREFIX=SINK_PREFIX, K7StreamReader=K7StreamReader, K7StreamWriter=K7StreamWriter
-    )
+    names = {name: getattr(_stream, name) for name in _STREAMING}
+    for value in names.values():
+        if isinstance(value, type):
+            value.__module__ = __name__
+    globals().update(names)
 
 
 def __getattr__(name: str) -> Any:

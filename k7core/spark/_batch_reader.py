@@ -1,4 +1,5 @@
-"""The batch reader: an offset range fixed once, when the DataFrame is planned."""
+"""The batch readers: an offset range fixed once, when the DataFrame is planned (of a
+queue, or one per partition of a topic)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,28 @@ from pyspark.sql.types import StructType
 
 from .. import NotAQueueError, Queue
 from .._storage import list_segments
+from ..topics._layout import partition_dir
+from ._arrow import topic_record_batch
 from ._cursor import committed
 from ._errors import K7OptionError
-from ._options import flag, int_option, offset_option, queue_path
-from ._partitions import K7Partition, plan, read_partition
+from ._options import (
+    flag,
+    int_option,
+    offset_option,
+    queue_path,
+    topic_offset,
+    topic_offsets_option,
+)
+from ._partitions import (
+    K7Partition,
+    K7TopicPartition,
+    plan,
+    plan_topic,
+    read_frames,
+    read_partition,
+    topic_bounds,
+)
+from ._topic import topic_meta
 
 
 class K7BatchReader(DataSourceReader):
@@ -55,3 +74,39 @@ class K7BatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, K7Partition)
         return read_partition(partition, self.include_value, skip_lost=False)
+
+
+class K7TopicBatchReader(DataSourceReader):
+    """A topic's partitions read in parallel as Kafka's source rows: a range per partition
+    fixed once (repeatable actions), at least one Spark partition per topic partition."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self.path = queue_path(options, "source", "load")
+        topic = Path(self.path)
+        n = topic_meta(self.path).partitions
+        if flag(options, "includeValue"):
+            raise K7OptionError(
+                "option includeValue is for queues: a topic's value column is BINARY "
+                "(CAST(value AS STRING) decodes it)"
+            )
+        self.min_partitions = int_option(options, "minPartitions", 1, 1)
+        starts = topic_offsets_option(options, "startingOffsets", "earliest", topic.name, n)
+        ends = topic_offsets_option(options, "endingOffsets", "latest", topic.name, n)
+        group = options.get("group")
+        self.ranges: list[tuple[int, int]] = []
+        for p, (earliest, latest) in enumerate(topic_bounds(topic, n)):
+            stored = None
+            if group is not None:
+                stored = committed(partition_dir(topic, p), group, latest)
+            start = stored if stored is not None else topic_offset(starts[p], earliest, latest)
+            end = min(topic_offset(ends[p], earliest, latest), latest)
+            self.ranges.append((start, max(start, end)))
+
+    def partitions(self) -> list[K7TopicPartition]:
+        return plan_topic(Path(self.path), self.ranges, self.min_partitions, keep_empty=True)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, K7TopicPartition)
+        for batch in read_frames(partition, skip_lost=False):
+            yield topic_record_batch(batch, partition.topic, partition.partition)
+

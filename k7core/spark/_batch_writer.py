@@ -1,10 +1,15 @@
-"""The batch writer: all or nothing, appended by the driver-side commit."""
+"""The batch writers: to a queue all or nothing, appended by the driver-side commit; to a
+topic by the tasks, at least once."""
 
 from __future__ import annotations
 
+import logging
+
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from ._sink import Sink, append_staged, open_writer, remove, staged
+from ._sink import K7TopicRows, Sink, TopicSink, append_staged, open_writer, remove, staged
+
+log = logging.getLogger("k7core.spark")
 
 
 class K7BatchWriter(Sink, DataSourceArrowWriter):
@@ -23,3 +28,18 @@ class K7BatchWriter(Sink, DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         remove(m.file for m in staged(messages))
+
+
+class K7TopicBatchWriter(TopicSink, DataSourceArrowWriter):
+    """Appends to a topic: each task writes its rows to the partitions (shared writers) and
+    msyncs; nothing is left for ``commit``. At least once, as Kafka's sink: the rows of
+    tasks that finished stay when the job fails, and a retried task writes its rows again."""
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        done = sum(sum(m.rows.values()) for m in messages if isinstance(m, K7TopicRows))
+        if done:
+            log.warning("%s: the job failed; %d rows its finished tasks appended stay in the "
+                        "topic", self.path, done)

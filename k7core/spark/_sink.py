@@ -1,5 +1,6 @@
 """What the batch and streaming sinks share: rows staged by tasks in Arrow files under
-``<queue>/k7py-staging/``, appended by the driver-side commit under the writer lock."""
+``<queue>/k7py-staging/``, appended by the driver-side commit under the writer lock; for a
+topic, rows appended by the tasks themselves to its partitions (shared writers)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,29 @@ import errno
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from .. import K7Error, Queue, QueueLockedError, StorageError
+from .. import Fsync, K7Error, Queue, QueueLockedError, StorageError
 from .._shared import shared_fsync
 from .._storage import map_file, open_fd
-from ._arrow import PAYLOAD_SCHEMA, append_binary, payload_column
+from ..topics import Topic
+from ..topics._envelope import encode
+from ..topics._layout import partition_dir
+from ..topics._partitioner import KeylessSpreader
+from ._arrow import PAYLOAD_SCHEMA, append_binary, payload_column, topic_columns, topic_rows
 from ._errors import K7OptionError
 from ._options import queue_path, seconds_option
+from ._topic import ensure_topic, topic_meta
+
+T = TypeVar("T")
 
 STAGING_DIR = "k7py-staging"
 """The directory of a queue where sink tasks stage their rows (a directory, not a file)."""
@@ -119,20 +128,44 @@ def open_writer(path: str, lock_timeout: float) -> Queue:
     """The queue at ``path`` opened as its writer: exclusive, or one more shared writer when
     processes write it with ``writers="shared"`` (with their fsync strategy); retried with
     backoff while an exclusive writer holds it, for ``lock_timeout`` seconds."""
+
+    def attempt() -> Queue:
+        shared = shared_fsync(Path(path))
+        if shared is not None:
+            return Queue(path, fsync=shared.value, writers="shared")
+        return Queue(path, fsync="flush")
+
+    return retry_locked(attempt, lock_timeout, f"queue {path} stayed locked by another writer",
+                        Path(path))
+
+
+def open_topic_writer(path: str, lock_timeout: float) -> Topic:
+    """The topic at ``path`` opened to write: every partition as one more shared writer,
+    with the ``fsync`` strategy of the processes that write it now (the topic's default,
+    ``async``, when none does); retried as ``open_writer`` is while a partition is held by
+    an exclusive writer (or by shared writers that changed their strategy meanwhile)."""
+
+    def attempt() -> Topic:
+        n = topic_meta(path).partitions
+        live = (shared_fsync(partition_dir(Path(path), p)) for p in range(n))
+        return Topic(path, fsync=next((f for f in live if f is not None), Fsync.ASYNC))
+
+    return retry_locked(attempt, lock_timeout, f"topic {path}: a partition stayed locked",
+                        Path(path))
+
+
+def retry_locked(attempt: Callable[[], T], lock_timeout: float, what: str, path: Path) -> T:
+    """``attempt()``, retried with backoff for ``lock_timeout`` seconds while it raises
+    ``QueueLockedError``; then that error, saying ``what``."""
     deadline = time.monotonic() + lock_timeout
     delay = 0.01
     while True:
         try:
-            shared = shared_fsync(Path(path))
-            if shared is not None:
-                return Queue(path, fsync=shared.value, writers="shared")
-            return Queue(path, fsync="flush")
+            return attempt()
         except QueueLockedError:
             if time.monotonic() >= deadline:
                 raise QueueLockedError(
-                    f"queue {path} stayed locked by another writer for "
-                    f"{lock_timeout} s; nothing was appended",
-                    path=Path(path),
+                    f"{what} for {lock_timeout} s; nothing was appended", path=path,
                     hint="close the other writer, or raise the lockTimeout option",
                 ) from None
             time.sleep(delay)  # another process holds the lock: nothing to wait on here
@@ -163,3 +196,61 @@ def remove_stage(stage: str) -> None:
         os.close(fd)
     with contextlib.suppress(OSError):
         os.rmdir(stage)
+
+
+# ---------------------------------------------------------------------------- topics
+
+
+@dataclass(frozen=True)
+class K7TopicRows(WriterCommitMessage):
+    """What one write task appended to a topic: its row count per partition."""
+
+    rows: dict[int, int]
+
+
+class TopicSink:
+    """Options and the task side of a topic sink: ``write`` appends a task's rows to the
+    topic's partitions itself, as one more shared writer of each (at least once: a task
+    retried after a failure appends its rows again, as Kafka's sink does)."""
+
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
+        if overwrite:
+            raise K7OptionError(
+                "the k7 sink only appends: use mode('append') (a topic is never overwritten)"
+            )
+        self.path = queue_path(options, "sink", "save")
+        self.columns = topic_columns(schema)
+        self.lock_timeout = seconds_option(options, "lockTimeout", 10.0)
+        ensure_topic(self.path, options)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> K7TopicRows:
+        """Runs in a task: each row to its partition (the ``partition`` column, else the
+        topic's partitioner on the key, else round-robin), then msync."""
+        rows: dict[int, int] = {}
+        with open_topic_writer(self.path, self.lock_timeout) as topic:
+            n = topic.partitions
+            spread = KeylessSpreader()
+            for batch in iterator:
+                payloads: dict[int, list[bytes]] = {}
+                for r in topic_rows(batch, self.columns):
+                    if r.partition is not None:
+                        p = r.partition
+                        if not 0 <= p < n:
+                            raise K7Error(
+                                f"the k7 topic sink got partition {p}; topic {self.path} "
+                                f"has partitions 0 .. {n - 1}", path=Path(self.path),
+                            )
+                    elif r.key is not None:
+                        p = topic.partition_for(r.key)
+                    else:
+                        p = spread.next(n)
+                    payloads.setdefault(p, []).append(
+                        encode(r.value, r.key, r.headers, r.timestamp)
+                    )
+                for p, batch_payloads in payloads.items():
+                    q = topic.partition(p)
+                    q.check_message_size(max(len(b) for b in batch_payloads))
+                    q.enqueue_many(batch_payloads)
+                    rows[p] = rows.get(p, 0) + len(batch_payloads)
+            topic.sync()
+        return K7TopicRows(rows)

@@ -4,7 +4,13 @@ streaming query, so that batch reads and writes also work on older PySpark."""
 
 from __future__ import annotations
 
-from ._stream_reader import K7StreamReader
-from ._stream_writer import SINK_PREFIX, K7StreamWriter
+from ._stream_reader import K7StreamReader, K7TopicStreamReader
+from ._stream_writer import SINK_PREFIX, K7StreamWriter, K7TopicStreamWriter
 
-__all__ = ["SINK_PREFIX", "K7StreamReader", "K7StreamWriter"]
+__all__ = [
+    "SINK_PREFIX",
+    "K7StreamReader",
+    "K7StreamWriter",
+    "K7TopicStreamReader",
+    "K7TopicStreamWriter",
+]

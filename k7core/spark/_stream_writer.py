@@ -1,5 +1,5 @@
-"""The streaming writer (PySpark >= 4.2: the Arrow stream writer): exactly once per batch
-id, with a sink record kept in the queue directory."""
+"""The streaming writers (PySpark >= 4.2: the Arrow stream writer): to a queue exactly once
+per batch id, with a sink record kept in the queue directory; to a topic at least once."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from ._partitions import BATCH_MESSAGES
 from ._sink import (
     STAGING_DIR,
     Sink,
+    TopicSink,
     append_staged,
     open_writer,
     remove,
@@ -165,3 +166,15 @@ def count_appended(q: Queue, start: int, files: list[str]) -> int:
                         return matched
                 matched += 1
     return matched
+
+
+class K7TopicStreamWriter(TopicSink, DataSourceStreamArrowWriter):
+    """Appends each micro-batch to a topic, as the batch topic writer does: the tasks write
+    their rows to the partitions. At least once, as Kafka's sink: a batch that Spark replays
+    after a failure is appended again."""
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass

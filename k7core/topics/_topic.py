@@ -365,23 +365,24 @@ class Topic(Resource):
         return self._queue(p).count_messages(start, end)
 
     def group_names(self) -> list[str]:
-        """The consumer groups of the topic (every group a member ever joined)."""
-        try:
-            names = os.listdir(groups_dir(self._path))
-        except FileNotFoundError:
-            return []
-        return sorted(names)
+        """The consumer groups of the topic: every group a member ever joined, and every
+        group with a cursor in some partition (one used through Spark or a plain
+        ``ConsumerGroup`` of a partition queue, say)."""
+        return sorted(self._group_cursors())
 
     def _group_cursors(self) -> dict[str, list[int | None]]:
-        names = self.group_names()
-        out: dict[str, list[int | None]] = {g: [None] * self._n for g in names}
+        """Each group's committed offset per partition (None: no cursor there yet)."""
+        try:
+            joined = os.listdir(groups_dir(self._path))
+        except FileNotFoundError:
+            joined = []
+        out: dict[str, list[int | None]] = {g: [None] * self._n for g in joined}
         for p in range(self._n):
             d = partition_dir(self._path, p)
             if not d.exists():
                 continue
             for g, committed in read_cursors(d):
-                if g in out:
-                    out[g][p] = committed
+                out.setdefault(g, [None] * self._n)[p] = committed
         return out
 
     # ------------------------------------------------------------------ reading

@@ -209,3 +209,20 @@ def test_closing_the_topic_closes_its_consumers(tmp_path: Path) -> None:
     assert c.closed
     with pytest.raises(ClosedError):
         t.consumer("g")
+
+
+def test_a_group_known_only_by_its_cursors_counts(tmp_path: Path) -> None:
+    """A group that never joined through a TopicConsumer (Spark's, or a plain
+    ConsumerGroup of a partition queue) shows in stats and holds back-pressure."""
+    from k7core.topics import BackPressure, BackPressureError
+
+    bp = BackPressure(high=3, low=1, on_high="raise")
+    with Topic(tmp_path / "t", partitions=2, segment_size=SEG, back_pressure=bp) as t:
+        t.partition(1).consumer_group("spark").close()  # a cursor, no member ever
+        assert t.group_names() == ["spark"]
+        with pytest.raises(BackPressureError, match="lags 3"):
+            for i in range(10):
+                t.send(b"x", key=f"k{i}")
+        g = t.stats().groups[0]
+        assert g.name == "spark" and g.members == () and g.generation == 0
+        assert g.lag_messages == 3

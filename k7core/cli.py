@@ -69,6 +69,7 @@ from ._storage import (
 )
 from .jobs._cli import jobs as jobs_group
 from .outbox._cli import outbox as outbox_group
+from .topics._cli import topics as topics_group
 from .workers._cli import workers as workers_group
 
 EXIT_CORRUPT = 1
@@ -190,6 +191,7 @@ def cli() -> None:
 cli.add_command(jobs_group)  # under cli: its K7Error translation covers the jobs commands
 cli.add_command(outbox_group)
 cli.add_command(serve_command)
+cli.add_command(topics_group)  # and the topics commands
 cli.add_command(workers_group)  # and the workers commands
 
 

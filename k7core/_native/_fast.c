@@ -19,6 +19,7 @@
 #include <structmember.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "k7.h"
 
@@ -847,6 +848,212 @@ static PyTypeObject JobMakerType = {
     .tp_clear = (inquiry)JobMaker_clear,
 };
 
+/* ------------------------------------------------------------------ topic records
+ *
+ * The envelope of k7core.topics (the layout, and the reference codec, are in
+ * k7core/topics/_envelope.py, which calls these and is tested against its own Python
+ * decoder): magic 0xE7, flags (1 key, 2 headers), int64 LE timestamp ms, [u32 key length,
+ * key], [u16 header count, then u16 name length, UTF-8 name, u32 value length, value],
+ * value. Arguments come checked from _envelope (bytes, a tuple of (str, bytes) pairs). */
+
+#define REC_MAGIC 0xE7
+#define REC_KEY 1
+#define REC_HEADERS 2
+#define REC_HEAD 10
+
+static void put_le(uint8_t *p, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le(const uint8_t *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* record_encode(value: bytes, key: bytes | None, headers: tuple, timestamp: int) -> bytes */
+static PyObject *record_encode(PyObject *Py_UNUSED(module), PyObject *const *args,
+                               Py_ssize_t nargs) {
+    if (nargs != 4 || !PyBytes_Check(args[0]) || (args[1] != Py_None && !PyBytes_Check(args[1]))
+        || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "record_encode(value: bytes, key: bytes | None, "
+                                         "headers: tuple, timestamp: int)");
+        return NULL;
+    }
+    long long ts = PyLong_AsLongLong(args[3]);
+    if (ts == -1 && PyErr_Occurred()) return NULL;
+    PyObject *value = args[0], *key = args[1], *hs = args[2];
+    Py_ssize_t nh = PyTuple_GET_SIZE(hs);
+    if (nh > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "a record holds at most 65535 headers");
+        return NULL;
+    }
+    Py_ssize_t size = REC_HEAD + PyBytes_GET_SIZE(value);
+    if (key != Py_None) size += 4 + PyBytes_GET_SIZE(key);
+    if (nh) size += 2;
+    for (Py_ssize_t i = 0; i < nh; i++) {
+        PyObject *h = PyTuple_GET_ITEM(hs, i);
+        if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2 ||
+            !PyUnicode_Check(PyTuple_GET_ITEM(h, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(h, 1))) {
+            PyErr_SetString(PyExc_TypeError, "record_encode: headers are (str, bytes) pairs");
+            return NULL;
+        }
+        Py_ssize_t nn; /* the str caches its UTF-8: the second pass below reads it again */
+        if (!PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(h, 0), &nn)) return NULL;
+        Py_ssize_t vn = PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 1));
+        if (nn > 0xFFFF || (uint64_t)vn > 0xFFFFFFFFu) {
+            PyErr_SetString(PyExc_ValueError, "record_encode: a header name or value is too long");
+            return NULL;
+        }
+        size += 2 + nn + 4 + vn;
+    }
+    if (key != Py_None && (uint64_t)PyBytes_GET_SIZE(key) > 0xFFFFFFFFu) {
+        PyErr_SetString(PyExc_ValueError, "record_encode: the key is longer than 4 GiB");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (!out) return NULL;
+    uint8_t *p = (uint8_t *)PyBytes_AS_STRING(out);
+    p[0] = REC_MAGIC;
+    p[1] = (uint8_t)((key != Py_None ? REC_KEY : 0) | (nh ? REC_HEADERS : 0));
+    put_le(p + 2, (uint64_t)ts, 8);
+    p += REC_HEAD;
+    if (key != Py_None) {
+        Py_ssize_t kn = PyBytes_GET_SIZE(key);
+        put_le(p, (uint64_t)kn, 4);
+        memcpy(p + 4, PyBytes_AS_STRING(key), (size_t)kn);
+        p += 4 + kn;
+    }
+    if (nh) {
+        put_le(p, (uint64_t)nh, 2);
+        p += 2;
+        for (Py_ssize_t i = 0; i < nh; i++) {
+            PyObject *h = PyTuple_GET_ITEM(hs, i), *v = PyTuple_GET_ITEM(h, 1);
+            Py_ssize_t vn = PyBytes_GET_SIZE(v), nn;
+            const char *name = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(h, 0), &nn);
+            put_le(p, (uint64_t)nn, 2);
+            memcpy(p + 2, name, (size_t)nn);
+            p += 2 + nn;
+            put_le(p, (uint64_t)vn, 4);
+            memcpy(p + 4, PyBytes_AS_STRING(v), (size_t)vn);
+            p += 4 + vn;
+        }
+    }
+    memcpy(p, PyBytes_AS_STRING(value), (size_t)PyBytes_GET_SIZE(value));
+    return out;
+}
+
+/* One record from one payload, or NULL with ValueError (not an envelope) or another error. */
+static PyObject *decode_one(PyTypeObject *rt, PyObject *partition, PyObject *offset,
+                            const uint8_t *b, Py_ssize_t n) {
+    PyObject *key = NULL, *headers = NULL, *value = NULL, *ts = NULL, *rec;
+    Py_ssize_t pos = REC_HEAD;
+    if (n < REC_HEAD || b[0] != REC_MAGIC || (b[1] & ~(REC_KEY | REC_HEADERS))) goto bad;
+    if (b[1] & REC_KEY) {
+        if (pos + 4 > n) goto bad;
+        uint64_t kn = get_le(b + pos, 4);
+        pos += 4;
+        if (kn > (uint64_t)(n - pos)) goto bad;
+        key = PyBytes_FromStringAndSize((const char *)b + pos, (Py_ssize_t)kn);
+        if (!key) goto fail;
+        pos += (Py_ssize_t)kn;
+    } else {
+        key = Py_NewRef(Py_None);
+    }
+    if (b[1] & REC_HEADERS) {
+        if (pos + 2 > n) goto bad;
+        Py_ssize_t count = (Py_ssize_t)get_le(b + pos, 2);
+        pos += 2;
+        headers = PyTuple_New(count);
+        if (!headers) goto fail;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (pos + 2 > n) goto bad;
+            Py_ssize_t nn = (Py_ssize_t)get_le(b + pos, 2);
+            pos += 2;
+            if (nn + 4 > n - pos) goto bad;
+            PyObject *name = PyUnicode_DecodeUTF8((const char *)b + pos, nn, "strict");
+            if (!name) goto fail; /* UnicodeDecodeError is a ValueError */
+            pos += nn;
+            uint64_t vn = get_le(b + pos, 4);
+            pos += 4;
+            if (vn > (uint64_t)(n - pos)) {
+                Py_DECREF(name);
+                goto bad;
+            }
+            PyObject *hv = PyBytes_FromStringAndSize((const char *)b + pos, (Py_ssize_t)vn);
+            PyObject *pair = hv ? PyTuple_Pack(2, name, hv) : NULL;
+            Py_DECREF(name);
+            Py_XDECREF(hv);
+            if (!pair) goto fail;
+            PyTuple_SET_ITEM(headers, i, pair);
+            pos += (Py_ssize_t)vn;
+        }
+    } else {
+        headers = PyTuple_New(0);
+        if (!headers) goto fail;
+    }
+    value = PyBytes_FromStringAndSize((const char *)b + pos, n - pos);
+    ts = value ? PyLong_FromLongLong((long long)get_le(b + 2, 8)) : NULL;
+    rec = ts ? rt->tp_alloc(rt, 6) : NULL;
+    if (!rec) goto fail;
+    PyTuple_SET_ITEM(rec, 0, Py_NewRef(partition));
+    PyTuple_SET_ITEM(rec, 1, Py_NewRef(offset));
+    PyTuple_SET_ITEM(rec, 2, key);
+    PyTuple_SET_ITEM(rec, 3, value);
+    PyTuple_SET_ITEM(rec, 4, headers);
+    PyTuple_SET_ITEM(rec, 5, ts);
+    PyObject_GC_UnTrack(rec); /* ints, bytes and tuples of them: never in a cycle */
+    return rec;
+bad:
+    PyErr_SetString(PyExc_ValueError, "not a topic record");
+fail:
+    Py_XDECREF(key);
+    Py_XDECREF(headers);
+    Py_XDECREF(value);
+    Py_XDECREF(ts);
+    return NULL;
+}
+
+/* records_decode(pairs: list, partition: int, record_type: type) -> list of records.
+ * ``pairs`` holds (offset, payload) tuples (a Message is one). ValueError if a payload is
+ * not an envelope: the caller's Python decoder then says which and why. */
+static PyObject *records_decode(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyType_Check(args[2]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[2], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "records_decode(pairs: list, partition: int, record_type: type)");
+        return NULL;
+    }
+    PyObject *pairs = args[0], *partition = args[1];
+    PyTypeObject *rt = (PyTypeObject *)args[2];
+    Py_ssize_t n = PyList_GET_SIZE(pairs);
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pair = PyList_GET_ITEM(pairs, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "records_decode: pairs are (offset, payload)");
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_buffer buf;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(pair, 1), &buf, PyBUF_SIMPLE) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *rec = decode_one(rt, partition, PyTuple_GET_ITEM(pair, 0),
+                                   (const uint8_t *)buf.buf, buf.len);
+        PyBuffer_Release(&buf);
+        if (!rec) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, rec);
+    }
+    return out;
+}
+
 /* ------------------------------------------------------------------ module */
 
 /* payload_size(data) -> its length in bytes, or the TypeError enqueue gives. */
@@ -866,6 +1073,8 @@ static PyMethodDef module_methods[] = {
     {"payload_size", (PyCFunction)payload_size, METH_O, NULL},
     {"message_offset", (PyCFunction)message_offset, METH_O, NULL},
     {"bind", (PyCFunction)bind, METH_O, NULL},
+    {"record_encode", (PyCFunction)(void (*)(void))record_encode, METH_FASTCALL, NULL},
+    {"records_decode", (PyCFunction)(void (*)(void))records_decode, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -21,7 +21,7 @@ from pyspark.sql.types import (
 )
 
 from .. import ColumnarBatch, K7Error, Queue
-from ..topics._envelope import Headers, check_headers, decode, now_ms, value_bytes
+from ..topics._envelope import Headers, check_headers, decode_many, now_ms, value_bytes
 from ..topics._partitioner import key_bytes
 from ._errors import K7OptionError
 
@@ -121,7 +121,7 @@ def topic_record_batch(batch: ColumnarBatch, topic: str, partition: int) -> pa.R
     """The records of one partition's frames as Kafka's source rows, each decoded by the
     topics' one decoder (``CorruptRecordError`` for a payload that is not a record)."""
     n = len(batch)
-    records = [decode(batch.payload(i), partition, batch.offsets[i]) for i in range(n)]
+    records = decode_many([(batch.offsets[i], batch.payload(i)) for i in range(n)], partition)
     millis = pa.array([r.timestamp for r in records], pa.int64())
     columns = [
         pa.array([r.key for r in records], pa.binary()),

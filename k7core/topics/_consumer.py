@@ -16,7 +16,7 @@ from .._group import ConsumerGroup, Message
 from .._queue import Queue
 from .._resource import Resource
 from ._assign import STRATEGIES
-from ._envelope import Record, decode
+from ._envelope import Record, decode_many
 from ._errors import NotAssignedError
 from ._layout import groups_dir
 from ._membership import GroupDir, GroupState, check_member_id, default_member_id, publish
@@ -268,7 +268,7 @@ class TopicConsumer(Resource):
 
     def _decode(self, p: int, msgs: list[Message]) -> list[Record]:
         try:
-            return [decode(m[1], p, m[0]) for m in msgs]
+            return decode_many(msgs, p)
         except K7Error:
             g = self._groups[p]
             for m in msgs:  # nothing lost: they come again (and fail again) until a seek

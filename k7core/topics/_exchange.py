@@ -23,10 +23,11 @@ from .._errors import ClosedError, K7Error
 from .._format import Fsync
 from .._queue import Queue
 from .._resource import Resource
+from .._stats import list_segment_infos
 from .._storage import FILE_MODE, open_fd, read_file, write_file_atomic
 from ._envelope import HeadersArg, Value, check_headers, check_timestamp, value_bytes
 from ._errors import TopicError
-from ._layout import META_FILE
+from ._layout import META_FILE, PARTITION_PREFIX
 from ._routing import (
     Binding,
     ExchangeKind,
@@ -125,7 +126,8 @@ class Exchange(Resource):
         self._load()
         if kind is not None and kind != self._kind:
             raise TopicError(
-                f"exchange {self._path} is of kind {self._kind.value!r}, not {kind!r}",
+                f"exchange {self._path} is of kind {self._kind.value!r}, not "
+                f"{ExchangeKind(kind).value!r}",
                 path=self._path, hint="open it with kind=None or its own kind",
             )
         # No finalizer: each destination has its own (see Topic).
@@ -218,6 +220,11 @@ class Exchange(Resource):
                 f"destination {p} does not exist",
                 hint="create the topic (Topic(path, partitions=N)) or queue first",
             )
+        if p.name.startswith(PARTITION_PREFIX) and (p.parent / META_FILE).exists():
+            raise InvalidBindingError(
+                f"destination {p} is a partition of topic {p.parent}",
+                hint="bind the topic: its partitioner places each record",
+            )
         return str(p)
 
     def _locked(self) -> _Flock:
@@ -277,8 +284,11 @@ class Exchange(Resource):
             path = Path(dest)
             args: dict[str, Any] = {"fsync": self._fsync, "file_mode": self._file_mode}
             if (path / META_FILE).exists():
-                d = Topic(path, **args)
+                d = Topic(path, **args)  # its recorded segment size
             else:
+                infos = list_segment_infos(path)  # the queue's own segment size
+                if infos:
+                    args["segment_size"] = infos[-1].size
                 d = Queue(path, writers="shared", **args)
             self._dests[dest] = d
         return d

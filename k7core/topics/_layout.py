@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import StorageError
+from .._format import queue_file
 from .._storage import FILE_MODE, open_fd, read_file, write_file_atomic
 from ._errors import TopicError
 from ._partitioner import PARTITIONERS
@@ -43,12 +44,16 @@ class TopicMeta:
 
     partitions: int
     partitioner: str
+    segment_size: int | None = None  # the partitions' default; None: not recorded
 
     def to_json(self) -> bytes:
-        return json.dumps({
+        doc: dict[str, object] = {
             "k7py": "topic", "version": VERSION, "partitions": self.partitions,
             "partitioner": self.partitioner,
-        }).encode() + b"\n"
+        }
+        if self.segment_size is not None:
+            doc["segment_size"] = self.segment_size
+        return json.dumps(doc).encode() + b"\n"
 
     @classmethod
     def parse(cls, data: bytes, path: Path) -> TopicMeta:
@@ -61,12 +66,15 @@ class TopicMeta:
             n, name = doc["partitions"], doc["partitioner"]
             if type(n) is not int or not 1 <= n <= MAX_PARTITIONS or name not in PARTITIONERS:
                 raise ValueError("bad partitions or partitioner")
+            size = doc.get("segment_size")
+            if size is not None and (type(size) is not int or size <= 0):
+                raise ValueError("bad segment_size")
         except (ValueError, KeyError, TypeError) as exc:
             raise TopicError(
                 f"{path} is not a valid topic metadata file: {exc}", path=path,
                 hint="restore it, or open the partitions as plain queues",
             ) from None
-        return cls(n, name)
+        return cls(n, name, size)
 
 
 def check_partitions(partitions: object) -> int | None:
@@ -81,7 +89,7 @@ def check_partitions(partitions: object) -> int | None:
 
 def open_meta(
     topic: Path, partitions: int | None, partitioner: str | None, *, create: bool,
-    file_mode: int = FILE_MODE,
+    file_mode: int = FILE_MODE, segment_size: int | None = None,
 ) -> TopicMeta:
     """Read the topic's metadata, creating the topic if ``create`` and it does not exist
     (``partitions`` required then). Arguments that differ from the stored ones raise."""
@@ -96,6 +104,11 @@ def open_meta(
             )
         if topic.exists() and not topic.is_dir():
             raise TopicError(f"{topic} is not a directory", path=topic)
+        if topic.is_dir() and any(queue_file(n) for n in os.listdir(topic)):
+            raise TopicError(
+                f"{topic} is a queue, not a topic", path=topic,
+                hint="a topic needs a directory of its own (its partitions are queues in it)",
+            )
         try:
             topic.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # a parent that is a file, no permission, a full disk
@@ -107,7 +120,7 @@ def open_meta(
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # two creators agree on one file
             if not meta_path.exists():
-                meta = TopicMeta(partitions, partitioner or "kafka")
+                meta = TopicMeta(partitions, partitioner or "kafka", segment_size)
                 write_file_atomic(meta_path, meta.to_json(), file_mode)
         finally:
             os.close(fd)

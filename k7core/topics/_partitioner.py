@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 from typing import Final, Protocol
 
 from .._checks import check_int
@@ -103,6 +104,11 @@ class Partitioner(Protocol):
         """The partition (0 .. n-1) of a record keyed ``key`` in a topic of ``n``."""
         ...
 
+    def placer(self, n: int) -> Callable[[bytes], int]:
+        """``partition`` for one partition count, as one call (a topic's hot path): the
+        key must be ``bytes``."""
+        ...
+
 
 class KafkaPartitioner:
     """Kafka's placement of a keyed record: ``(murmur2(key) & 0x7fffffff) % n``
@@ -113,6 +119,15 @@ class KafkaPartitioner:
     def partition(self, key: bytes, n: int) -> int:
         """The partition (0 .. n-1) Kafka gives ``key`` in a topic of ``n`` partitions."""
         return (kafka_murmur2(key) & 0x7FFFFFFF) % _count(n)
+
+    def placer(self, n: int) -> Callable[[bytes], int]:
+        n = _count(n)
+        murmur2, seed = lib.k7_murmur2, KAFKA_SEED
+
+        def place(key: bytes) -> int:
+            return (murmur2(key, len(key), seed) & 0x7FFFFFFF) % n
+
+        return place
 
 
 class Murmur3Partitioner:
@@ -129,6 +144,16 @@ class Murmur3Partitioner:
         """The partition (0 .. n-1) TitanMQ gives ``key`` in a topic of ``n`` partitions."""
         h = murmur3_32(key, self.seed)
         return (h if h < 0x80000000 else 0x100000000 - h) % _count(n)
+
+    def placer(self, n: int) -> Callable[[bytes], int]:
+        n = _count(n)
+        murmur3, seed = lib.k7_murmur3_32, self.seed
+
+        def place(key: bytes) -> int:
+            h = murmur3(key, len(key), seed)
+            return (h if h < 0x80000000 else 0x100000000 - h) % n
+
+        return place
 
 
 def partitioner_for(name: str = "kafka") -> Partitioner:

@@ -181,8 +181,9 @@ class Binding:
                 f"{self.destination!r}"
             )
         check_pattern(self.routing_key)
-        # Lists (from callers or JSON) become tuples: the binding stays hashable.
-        object.__setattr__(self, "headers", _check_headers(self.headers))
+        # Lists (from callers or JSON) become tuples: the binding stays hashable. Sorted:
+        # the pairs' order means nothing to matching, so it does not make another binding.
+        object.__setattr__(self, "headers", tuple(sorted(_check_headers(self.headers))))
         if self.x_match not in X_MATCH_MODES:
             raise InvalidBindingError(
                 f"the binding's x_match is {self.x_match!r}",

@@ -15,7 +15,7 @@ from .._errors import ClosedError, K7Error
 from .._format import Fsync, frame_size
 from .._queue import Queue
 from .._resource import Resource
-from .._stats import GroupInfo, read_cursors
+from .._stats import GroupInfo, list_segment_infos, read_cursors
 from .._storage import FILE_MODE, list_segments
 from ._consumer import TopicConsumer
 from ._envelope import (
@@ -24,20 +24,35 @@ from ._envelope import (
     Value,
     check_headers,
     check_timestamp,
-    decode,
+    decode_many,
     encode,
+    now_ms,
     value_bytes,
 )
 from ._errors import BackPressureError
-from ._layout import check_partitions, groups_dir, open_meta, partition_dir
+from ._layout import MAX_PARTITIONS, check_partitions, groups_dir, open_meta, partition_dir
 from ._membership import GroupDir, GroupState
 from ._partitioner import KeylessSpreader, key_bytes, partitioner_for
 from ._pressure import BackPressure, LagMeter, Watermarks, watched_lag
 from ._stats import PartitionLag, PartitionStats, PressureStats, TopicGroupStats, TopicStats
 
 TOPIC_SEGMENT_SIZE = 32 * 1024 * 1024
-"""Partitions' default segment size: a topic preallocates one segment per partition (and a
-spare per writer process), so smaller than a plain queue's 256 MiB."""
+"""Partitions' default segment size at creation: a topic preallocates one segment per
+partition (and a spare per writer process), so smaller than a plain queue's 256 MiB. The
+size a topic is created with is recorded; opening it later without ``segment_size`` uses
+that one."""
+
+
+def _newest_segment_size(topic: Path) -> int:
+    """A topic recorded without its segment size: its partitions' newest segment's."""
+    for p in range(MAX_PARTITIONS):
+        d = partition_dir(topic, p)
+        if not d.is_dir():
+            break
+        infos = list_segment_infos(d)
+        if infos:
+            return infos[-1].size
+    return TOPIC_SEGMENT_SIZE
 
 
 class ProducerRecord(NamedTuple):
@@ -70,7 +85,7 @@ class Topic(Resource):
         partitioner: str | None = None,
         *,
         fsync: str | Fsync = Fsync.ASYNC,
-        segment_size: int = TOPIC_SEGMENT_SIZE,
+        segment_size: int | None = None,
         commit_interval: float = 50e-6,
         readonly: bool = False,
         retention: str = "none",
@@ -88,9 +103,12 @@ class Topic(Resource):
         self._meta = open_meta(
             self._path, check_partitions(partitions), partitioner, create=not readonly,
             file_mode=file_mode,
+            segment_size=TOPIC_SEGMENT_SIZE if segment_size is None else segment_size,
         )
+        if segment_size is None:  # the topic's own (older topics: their newest segment's)
+            segment_size = self._meta.segment_size or _newest_segment_size(self._path)
         self._n = self._meta.partitions
-        self._place = partitioner_for(self._meta.partitioner).partition
+        self._place = partitioner_for(self._meta.partitioner).placer(self._n)
         self._spread = KeylessSpreader()
         self._queue_args = {
             "fsync": fsync, "segment_size": segment_size, "commit_interval": commit_interval,
@@ -184,21 +202,33 @@ class Topic(Resource):
             q = self._queues[p] = Queue(partition_dir(self._path, p), **args)  # type: ignore[arg-type]
         return q
 
-    def _place_record(self, kb: bytes | None, partition: int | None) -> int:
-        if partition is not None:
-            if isinstance(partition, bool) or not isinstance(partition, int):
-                raise TypeError(f"partition must be an int, not {type(partition).__name__}")
-            if not 0 <= partition < self._n:
-                raise ValueError(f"partition must be 0 .. {self._n - 1}, not {partition}")
-            return partition
-        return self._spread.next(self._n) if kb is None else self._place(kb, self._n)
+    def _record(
+        self, value: Value, key: Value | None, headers: HeadersArg, timestamp: int | None,
+        partition: int | None,
+    ) -> tuple[int, bytes]:
+        """A record's partition and payload, every argument checked (the common cases,
+        bytes and None, without a call)."""
+        kb = key if key is None or type(key) is bytes else key_bytes(key)
+        if partition is None:
+            p = self._spread.next(self._n) if kb is None else self._place(kb)
+        elif isinstance(partition, bool) or not isinstance(partition, int):
+            raise TypeError(f"partition must be an int, not {type(partition).__name__}")
+        elif not 0 <= partition < self._n:
+            raise ValueError(f"partition must be 0 .. {self._n - 1}, not {partition}")
+        else:
+            p = partition
+        return p, encode(
+            value if type(value) is bytes else value_bytes(value), kb,
+            () if headers is None else check_headers(headers),
+            now_ms() if timestamp is None else check_timestamp(timestamp),
+        )
 
     def partition_for(self, key: Value) -> int:
         """The partition of a key (the topic's partitioner; Kafka's for ``"kafka"``)."""
         kb = key_bytes(key)
         if kb is None:
             raise TypeError("a key is needed (None spreads records: it has no partition)")
-        return self._place(kb, self._n)
+        return self._place(kb)
 
     # ------------------------------------------------------------------ sending
 
@@ -216,10 +246,7 @@ class Topic(Resource):
         partitions. ``timestamp`` is milliseconds (None: now)."""
         if self._closed:
             raise ClosedError(f"topic {self._path} is closed", path=self._path)
-        kb = key_bytes(key)
-        p = self._place_record(kb, partition)
-        payload = encode(value_bytes(value), kb, check_headers(headers),
-                         check_timestamp(timestamp))
+        p, payload = self._record(value, key, headers, timestamp, partition)
         if self._marks is None:
             return p, self._queue(p).enqueue(payload)
         size = frame_size(len(payload))
@@ -240,21 +267,22 @@ class Topic(Resource):
             )
         where: list[int] = []
         batches: dict[int, list[bytes]] = {}
+        biggest = 0
         for r in records:
-            if isinstance(r, (bytes, bytearray, memoryview, str)):
-                r = ProducerRecord(r)
-            elif not isinstance(r, ProducerRecord):
-                raise TypeError(
-                    f"send_many takes ProducerRecord or bytes items, not {type(r).__name__}"
-                )
-            kb = key_bytes(r.key)
-            p = self._place_record(kb, r.partition)
-            payload = encode(value_bytes(r.value), kb, check_headers(r.headers),
-                             check_timestamp(r.timestamp))
+            if type(r) is not ProducerRecord:
+                if isinstance(r, (bytes, bytearray, memoryview, str)):
+                    r = ProducerRecord(r)
+                elif not isinstance(r, ProducerRecord):
+                    raise TypeError(
+                        f"send_many takes ProducerRecord or bytes items, not {type(r).__name__}"
+                    )
+            p, payload = self._record(*r)
             where.append(p)
             batches.setdefault(p, []).append(payload)
-        for p, batch in batches.items():
-            self._queue(p).check_message_size(max(len(b) for b in batch))
+            if len(payload) > biggest:
+                biggest = len(payload)
+        if where:  # every partition has the same segment size: all or nothing
+            self._queue(where[0]).check_message_size(biggest)
         if self._marks is not None and where:
             self._gate(len(where) if self._bp_messages
                        else sum(frame_size(len(b)) for bs in batches.values() for b in bs))
@@ -408,7 +436,7 @@ class Topic(Resource):
         if offset >= q.end:
             return [], offset
         b = q.read_columnar(offset, max_records)
-        recs = [decode(b.payload(i), partition, b.offsets[i]) for i in range(len(b))]
+        recs = decode_many([(b.offsets[i], b.payload(i)) for i in range(len(b))], partition)
         return recs, b.next
 
     def consumer(

@@ -150,3 +150,36 @@ def test_bad_input_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     x.close()
     with pytest.raises(ClosedError):
         x.publish(b"v")
+
+
+def test_destinations_keep_their_segment_size_and_partitions_are_refused(
+    tmp_path: Path,
+) -> None:
+    k7core.Queue(tmp_path / "small", segment_size=4096).close()
+    Topic(tmp_path / "t", partitions=2, segment_size=8192).close()
+    with Exchange(tmp_path / "x", "fanout") as x:
+        x.bind(tmp_path / "small")
+        x.bind(tmp_path / "t")
+        with pytest.raises(InvalidBindingError, match="a partition of topic"):
+            x.bind(tmp_path / "t" / "partition-0")
+        x.publish(b"v", key="k")
+    sizes = {f.stat().st_size for f in (tmp_path / "small").glob("seg-*.k7")}
+    assert sizes == {4096}
+    sizes = {f.stat().st_size for f in (tmp_path / "t").glob("partition-*/seg-*.k7")}
+    assert sizes == {8192}
+
+
+def test_header_order_makes_no_other_binding(tmp_path: Path) -> None:
+    qs = make_queues(tmp_path, "q")
+    with Exchange(tmp_path / "x", "headers") as x:
+        b1 = x.bind(qs["q"], headers={"a": "1", "b": "2"})
+        b2 = x.bind(qs["q"], headers={"b": "2", "a": "1"})
+        assert b1 == b2 and len(x.bindings()) == 1
+        assert x.unbind(Binding(str(qs["q"].resolve()), headers=(("b", "2"), ("a", "1"))))
+        assert x.bindings() == ()
+
+
+def test_a_kind_mismatch_names_both_kinds(tmp_path: Path) -> None:
+    Exchange(tmp_path / "x", "topic").close()
+    with pytest.raises(TopicError, match="of kind 'topic', not 'direct'"):
+        Exchange(tmp_path / "x", "direct")

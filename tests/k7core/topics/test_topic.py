@@ -82,7 +82,8 @@ def test_create_and_reopen(make: MakeTopic, tmp_path: Path) -> None:
         "partition-0", "partition-1", "partition-2", "partition-3",
     ]
     meta = json.loads((t.path / META_FILE).read_text())
-    assert meta == {"k7py": "topic", "version": 1, "partitions": 4, "partitioner": "kafka"}
+    assert meta == {"k7py": "topic", "version": 1, "partitions": 4, "partitioner": "kafka",
+                    "segment_size": SEG}
     t.send(b"one", key="k")
     t.close()
     assert "closed" in repr(t)

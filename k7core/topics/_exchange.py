@@ -4,10 +4,13 @@ write, into topics and queues.
     <exchange>/k7py-exchange.json   {"k7py": "exchange", "version": 1, "kind": "topic",
                                      "bindings": [Binding.to_json(), ...]}
     <exchange>/k7py-exchange.lock   flock held while the bindings change
+    <exchange>/k7py-exchange.gen    a page whose first 8 bytes count the changes: every
+                                    opener maps it; bind and unbind add one
 
-Every process that opens the exchange routes by the same file: ``publish`` re-reads it
-when it changed (one ``stat`` per publish), so a binding added in one process applies to
-the next record any process publishes.
+Every process that opens the exchange routes by the same file: ``publish`` reads the
+change count from the shared page (a memory load, no system call) and re-reads the file
+when it moved, so a binding added in one process applies to the next record any process
+publishes.
 """
 
 from __future__ import annotations
@@ -21,10 +24,18 @@ from typing import Any, NamedTuple
 
 from .._errors import ClosedError, K7Error
 from .._format import Fsync
+from .._kernel import ffi
 from .._queue import Queue
 from .._resource import Resource
 from .._stats import list_segment_infos
-from .._storage import FILE_MODE, open_fd, read_file, write_file_atomic
+from .._storage import (
+    FILE_MODE,
+    open_fd,
+    preallocate,
+    read_file,
+    write_file_atomic,
+)
+from .._storage import Mapping as FileMap
 from ._envelope import HeadersArg, Value, check_headers, check_timestamp, value_bytes
 from ._errors import TopicError
 from ._layout import META_FILE, PARTITION_PREFIX
@@ -40,6 +51,8 @@ from ._topic import Topic
 
 EXCHANGE_FILE = "k7py-exchange.json"
 EXCHANGE_LOCK = "k7py-exchange.lock"
+EXCHANGE_GEN = "k7py-exchange.gen"
+GEN_SIZE = 4096
 VERSION = 1
 
 
@@ -121,10 +134,17 @@ class Exchange(Resource):
             with self._locked():
                 if not self._file.exists():
                     write_file_atomic(self._file, _dump(ExchangeKind(kind), ()), file_mode)
-        self._stamp: tuple[int, int, int] | None = None
+        self._gen_map = self._map_gen()
+        self._gen_word: Any = ffi.cast("uint64_t *", self._gen_map.ptr)
+        self._gen = -1
         self._predicates: list[tuple[str, HeaderPredicate]] = []
-        self._load()
+        try:
+            self._load()
+        except BaseException:
+            self._gen_map.close()
+            raise
         if kind is not None and kind != self._kind:
+            self._gen_map.close()
             raise TopicError(
                 f"exchange {self._path} is of kind {self._kind.value!r}, not "
                 f"{ExchangeKind(kind).value!r}",
@@ -182,6 +202,7 @@ class Exchange(Resource):
             kind, bindings = _parse(read_file(self._file), self._file)
             if b not in bindings:
                 write_file_atomic(self._file, _dump(kind, (*bindings, b)), self._file_mode)
+                self._changed()
         self._refresh()
         return b
 
@@ -197,6 +218,7 @@ class Exchange(Resource):
                 return False
             rest = tuple(b for b in bindings if b != binding)
             write_file_atomic(self._file, _dump(kind, rest), self._file_mode)
+            self._changed()
         self._refresh()
         return True
 
@@ -230,19 +252,31 @@ class Exchange(Resource):
     def _locked(self) -> _Flock:
         return _Flock(self._path / EXCHANGE_LOCK, self._file_mode)
 
-    def _refresh(self) -> None:
+    def _map_gen(self) -> FileMap:
+        """Map the change count's page (created, with real blocks, by the first opener)."""
+        path = self._path / EXCHANGE_GEN
+        fd = open_fd(path, os.O_RDWR | os.O_CREAT, self._file_mode)
         try:
-            st = os.stat(self._file)
-        except FileNotFoundError:
-            raise TopicError(f"exchange file {self._file} was removed", path=self._file) from None
-        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if stamp != self._stamp:
+            if os.fstat(fd).st_size < GEN_SIZE:
+                with self._locked():
+                    if os.fstat(fd).st_size < GEN_SIZE:
+                        preallocate(fd, GEN_SIZE, path)
+            return FileMap(fd, GEN_SIZE, writable=True)
+        finally:
+            os.close(fd)
+
+    def _changed(self) -> None:
+        """Under the lock, after the file is replaced: every opener reloads at its next call."""
+        self._gen_word[0] = self._gen_word[0] + 1
+
+    def _refresh(self) -> None:
+        if self._gen_word[0] != self._gen:
             self._load()
 
     def _load(self) -> None:
-        st = os.stat(self._file)
+        gen = int(self._gen_word[0])  # before the read: a change during it reloads again
         self._kind, self._bindings = _parse(read_file(self._file), self._file)
-        self._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        self._gen = gen
         self._router = Router(self._kind, self._bindings, self._predicates)
 
     # ------------------------------------------------------------------ publishing
@@ -304,6 +338,8 @@ class Exchange(Resource):
         if self._closed:
             return
         self._closed = True
+        self._gen_word = None
+        self._gen_map.close()
         _close_all(self._dests)
 
     def __repr__(self) -> str:

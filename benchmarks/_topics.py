@@ -46,7 +46,7 @@ record (producers only).
 
 Routing (``topics routing <kind>``): ``Router.route`` (``k7core.topics._routing``) per
 record, on one thread, over 1,000 prepared (routing key, headers) pairs in turn; msg/s and
-µs a record. Skipped with the reason while the module is not in this build.
+µs a record.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from k7core.topics import Topic
+from k7core.topics import Binding, Exchange, Router, Topic
 
 from ._harness import Case, Run, Samples, Skipped
 from ._jobs import FSYNC_PER_PUT, OS_BUFFERED
@@ -565,16 +565,8 @@ def _send_case(records: int) -> Case:
 
 # ---------------------------------------------------------------------- routing
 
-EXCHANGE_MODULE = "k7core.topics._exchange"
 PUBLISH_CASE = (f"topics exchange publish [async], direct, 1 binding, into 1 topic of "
                 f"{PARTITIONS} partitions")
-
-
-def exchange_missing() -> str | None:
-    """Why the publish case cannot run here, or None."""
-    if importlib.util.find_spec(EXCHANGE_MODULE) is None:
-        return f"{EXCHANGE_MODULE} (Exchange.publish) is not in this build"
-    return routing_missing()
 
 
 def _publish_leg(root: Path, n: int, through_exchange: bool) -> float:
@@ -588,8 +580,7 @@ def _publish_leg(root: Path, n: int, through_exchange: bool) -> float:
         value = b"v" * VALUE_SIZE
         exchange: Any = None
         if through_exchange:
-            exchange = importlib.import_module(EXCHANGE_MODULE).Exchange(
-                path / "exchange", "direct", fsync="async")
+            exchange = Exchange(path / "exchange", "direct", fsync="async")
             exchange.bind(topic_path, "orders")
             publish = exchange.publish
             publish(value, "orders", key="first")
@@ -642,15 +633,7 @@ def _publish_case(n: int) -> Case:
 
 
 
-ROUTING_MODULE = "k7core.topics._routing"
 ROUTE_SET = 1000  # prepared (routing key, headers) pairs, used in turn
-
-
-def routing_missing() -> str | None:
-    """Why the routing cases cannot run here, or None."""
-    if importlib.util.find_spec(ROUTING_MODULE) is None:
-        return f"{ROUTING_MODULE} (the exchanges' Router) is not in this build"
-    return None
 
 
 @dataclass(frozen=True)
@@ -740,9 +723,7 @@ def _routing_case(spec: RouteSpec, routes: int) -> Case:
 
 
 def _router(spec: RouteSpec) -> Any:
-    routing = importlib.import_module(ROUTING_MODULE)
-    return routing.Router(spec.kind, [routing.Binding(d, k, h, x)
-                                      for d, k, h, x in spec.bindings])
+    return Router(spec.kind, [Binding(d, k, h, x) for d, k, h, x in spec.bindings])
 
 
 def _matches(spec: RouteSpec) -> int:
@@ -765,15 +746,6 @@ def cases(s: Sizes, with_peers: bool) -> tuple[list[Case], list[Skipped]]:
             out.append(_k7_case(fsync, records))
             skipped.append(Skipped(redis_name(fsync), missing))
     out.append(_send_case(s.send_records))
-    why = exchange_missing()
-    if why is None:
-        out.append(_publish_case(s.publish))
-    else:
-        skipped.append(Skipped(PUBLISH_CASE, why))
-    why = routing_missing()
-    for spec in routing_specs():
-        if why is None:
-            out.append(_routing_case(spec, s.routes))
-        else:
-            skipped.append(Skipped(routing_name(spec), why))
+    out.append(_publish_case(s.publish))
+    out += [_routing_case(spec, s.routes) for spec in routing_specs()]
     return out, skipped

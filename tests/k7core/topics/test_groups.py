@@ -3,6 +3,8 @@ flow; every record acked exactly once per group, none skipped, per-key order kep
 
 from __future__ import annotations
 
+import os
+import random
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -141,3 +143,36 @@ def test_members_join_leave_and_die_while_records_flow(
     record_property("rebalance_seconds", f"join {joined:.3f} kill {died:.3f} leave {left:.3f}")
     # about a second each (heartbeat 0.1 s); generous bounds for a loaded machine
     assert max(joined, died, left) < 5.0, (joined, died, left)
+
+
+@pytest.mark.timeout(300)
+def test_random_member_kills_while_records_flow(tmp_path: Path) -> None:
+    """Three members at a time; one chosen at random is SIGKILLed and replaced, five times,
+    while two producers send. ``K7_TOPICS_SEED`` picks the victims."""
+    rng = random.Random(int(os.environ.get("K7_TOPICS_SEED", "7")))
+    path = tmp_path / "t"
+    logs: dict[str, Path] = {}
+    killed: set[str] = set()
+    with Topic(path, partitions=5, segment_size=SEG) as topic, ExitStack() as stack:
+        producers = [producer(stack, path, f"p{i}", 3000, 0.05) for i in range(2)]
+        live: dict[str, Child] = {}
+        for n in range(3):
+            name = f"m{n}"
+            logs[name] = tmp_path / f"{name}.log"
+            live[name] = consumer(stack, path, "g", name, logs[name], "roundrobin")
+        for k in range(5):
+            wait_for(lambda: settled(topic, "g", set(live)), f"settled before kill {k}")
+            victim = rng.choice(sorted(live))
+            live.pop(victim).kill_and_drain()
+            killed.add(victim)
+            name = f"m{3 + k}"
+            logs[name] = tmp_path / f"{name}.log"
+            live[name] = consumer(stack, path, "g", name, logs[name], "roundrobin")
+        for p in producers:
+            assert p.line() == b"done"
+            p.wait()
+        wait_for(lambda: drained(topic, "g"), "every record acked", limit=120)
+        for c in live.values():
+            c.send("quit")
+            assert c.line() == b"left"
+        assert check_exactly_once(topic, logs, killed) == 6000

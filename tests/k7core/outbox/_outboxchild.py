@@ -70,30 +70,37 @@ class KillingStore(JobStore):
             when, _, n = rest.partition(":")
             self._killer_at = (call, when, int(n))
 
-    def _at(self, call: str, when: str) -> None:
+    def _before(self, call: str) -> int:
+        """Count the call; die if it is the chosen one's "before". Returns its number, for
+        its "after" (two relay threads may both be between their before and after)."""
         with self._killer_lock:
-            if when == "before":
-                self._killer_calls[call] += 1
-            if self._killer_at == (call, when, self._killer_calls[call]):
+            self._killer_calls[call] += 1
+            k = self._killer_calls[call]
+            if self._killer_at == (call, "before", k):
                 os.kill(os.getpid(), signal.SIGKILL)
+            return k
+
+    def _after(self, call: str, k: int) -> None:
+        if self._killer_at == (call, "after", k):
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def put(self, body: bytes, **options: Any) -> int:
-        self._at("put", "before")
+        k = self._before("put")
         job_id = super().put(body, **options)
         os.write(1, b"P %d\n" % job_id)
-        self._at("put", "after")
+        self._after("put", k)
         return job_id
 
     def forget(self, tube: str, keys: Any) -> int:
-        self._at("forget", "before")
+        k = self._before("forget")
         n = super().forget(tube, keys)
-        self._at("forget", "after")
+        self._after("forget", k)
         return n
 
     def mark(self, name: str) -> int | None:
-        self._at("mark", "before")
+        k = self._before("mark")
         position = super().mark(name)
-        self._at("mark", "after")
+        self._after("mark", k)
         return position
 
 

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -21,6 +21,8 @@ from ._bridge import Pace
 from ._errors import AutoAckError, StreamClosedError
 from ._owner import Call, Command, Owner
 from ._types import QueueSource, core_queue
+
+T = TypeVar("T")
 
 
 class _Poll(Command[ConsumerGroup, list[Message]]):
@@ -118,28 +120,123 @@ class _Reader:
         return parked
 
 
-class MessageStream(ObjectReceiveStream[Message]):
-    """The receive stream of :func:`consumer_group_channel`: ``async for msg in stream``.
+class PolledStream(ObjectReceiveStream[T]):
+    """The receiving half of a stream fed by a reader thread in batches, one batch asked for
+    ahead (``MessageStream``, ``k7async.RecordStream``): subclasses say how a batch is asked
+    for (``_ask``) and what a finished one holds (``_accept``).
 
-    Messages arrive in the order the group delivers them (a nacked message comes back
-    first). ``receive()`` is a cancel point at every call and a schedule point at least every
-    64 calls and whenever it waits (not at every message: see docs/async.md);
-    ``receive_batch()`` takes what is at hand in one call. With ``auto_ack=False``, ``await
-    ack(msg)`` / ``await nack(msg)`` are routed to the reader thread, which applies them in
-    order before its next poll and before it closes the group.
+    ``receive()`` is a cancel point at every call and a schedule point at least every 64
+    calls and whenever it waits (not at every item: see docs/async.md);
+    ``receive_batch()`` takes what is at hand in one call.
     """
 
-    def __init__(self, reader: _Reader) -> None:
-        self._reader = reader
-        self._owner = reader.owner
-        self._current: deque[Message] = deque()  # received from the thread, not handed out
-        self._poll: _Poll | None = None  # the batch asked for (at most one ahead)
+    _what = "this stream"  # for StreamClosedError
+
+    def __init__(self, owner: Owner[Any]) -> None:
+        self._owner = owner
+        self._current: deque[T] = deque()  # received from the thread, not handed out
+        self._poll: Command[Any, Any] | None = None  # the batch asked for (one ahead)
         self._error: BaseException | None = None
         self._error_seen = False
         self._closed = False
         self._stopped: anyio.Event | None = None  # set once aclose() has finished
         self._pace = Pace()
         self._ask()
+
+    def _ask(self) -> None:
+        raise NotImplementedError
+
+    def _accept(self, result: Any) -> Iterable[T]:
+        """The items of a finished batch (``result``: what the poll command returned)."""
+        raise NotImplementedError
+
+    def _refill(self) -> None:
+        """Fill ``_current`` from the batch that came in, or raise why it cannot be."""
+        if self._closed:
+            raise StreamClosedError(self._what)
+        poll = self._poll
+        if poll is not None and poll.done:
+            self._poll = None
+            if poll.error is not None:
+                self._error = poll.error
+            else:
+                self._current.extend(self._accept(poll.result()))
+                self._ask()  # the next batch is read while this one is worked through
+            if self._current:
+                return
+        if self._error is not None:
+            self._error_seen = True
+            raise self._error
+        if self._poll is None:
+            raise anyio.EndOfStream
+        raise anyio.WouldBlock
+
+    def receive_nowait(self) -> T:
+        """The next item if one is at hand, else ``anyio.WouldBlock``."""
+        if self._closed or not self._current:
+            self._refill()
+        return self._current.popleft()
+
+    def receive_batch_nowait(self) -> list[T]:
+        """Every item at hand (the rest of the current batch, or the next batch)."""
+        if self._closed or not self._current:
+            self._refill()
+        out = list(self._current)
+        self._current.clear()
+        return out
+
+    async def receive(self) -> T:
+        await self._pace.checkpoint()
+        if self._current and not self._closed:
+            return self._current.popleft()
+        return await self._receive_waiting()
+
+    async def __anext__(self) -> T:
+        # receive() inlined: ``async for`` is the per-item path, one frame less counts
+        await self._pace.checkpoint()
+        if self._current and not self._closed:
+            return self._current.popleft()
+        try:
+            return await self._receive_waiting()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def _receive_waiting(self) -> T:
+        while True:
+            try:
+                return self.receive_nowait()
+            except anyio.WouldBlock:
+                await self._wait()
+
+    async def receive_batch(self) -> list[T]:
+        """Wait for items, then return every one at hand (at least one, in order)."""
+        await anyio.lowlevel.checkpoint()
+        while True:
+            try:
+                return self.receive_batch_nowait()
+            except anyio.WouldBlock:
+                await self._wait()
+
+    async def _wait(self) -> None:
+        assert self._poll is not None  # WouldBlock: a batch is asked for
+        await self._poll.wait()
+        self._pace.scheduled()
+
+
+class MessageStream(PolledStream[Message]):
+    """The receive stream of :func:`consumer_group_channel`: ``async for msg in stream``.
+
+    Messages arrive in the order the group delivers them (a nacked message comes back
+    first); receiving is :class:`PolledStream`'s. With ``auto_ack=False``, ``await
+    ack(msg)`` / ``await nack(msg)`` are routed to the reader thread, which applies them in
+    order before its next poll and before it closes the group.
+    """
+
+    _what = "this message stream"
+
+    def __init__(self, reader: _Reader) -> None:
+        self._reader = reader
+        super().__init__(reader.owner)
 
     @property
     def group(self) -> str:
@@ -152,77 +249,9 @@ class MessageStream(ObjectReceiveStream[Message]):
     def _ask(self) -> None:
         self._poll = self._owner.submit(_Poll())
 
-    def _refill(self) -> None:
-        """Fill ``_current`` from the batch that came in, or raise why it cannot be."""
-        if self._closed:
-            raise StreamClosedError("this message stream")
-        poll = self._poll
-        if poll is not None and poll.done:
-            self._poll = None
-            if poll.error is not None:
-                self._error = poll.error
-            else:
-                self._current.extend(poll.result())
-                self._ask()  # the next batch is read while this one is worked through
-            if self._current:
-                return
-        if self._error is not None:
-            self._error_seen = True
-            raise self._error
-        if self._poll is None:
-            raise anyio.EndOfStream
-        raise anyio.WouldBlock
-
-    def receive_nowait(self) -> Message:
-        """The next message if one is at hand, else ``anyio.WouldBlock``."""
-        if self._closed or not self._current:
-            self._refill()
-        return self._current.popleft()
-
-    def receive_batch_nowait(self) -> list[Message]:
-        """Every message at hand (the rest of the current batch, or the next batch)."""
-        if self._closed or not self._current:
-            self._refill()
-        out = list(self._current)
-        self._current.clear()
-        return out
-
-    async def receive(self) -> Message:
-        await self._pace.checkpoint()
-        if self._current and not self._closed:
-            return self._current.popleft()
-        return await self._receive_waiting()
-
-    async def __anext__(self) -> Message:
-        # receive() inlined: ``async for`` is the per-message path, one frame less counts
-        await self._pace.checkpoint()
-        if self._current and not self._closed:
-            return self._current.popleft()
-        try:
-            return await self._receive_waiting()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def _receive_waiting(self) -> Message:
-        while True:
-            try:
-                return self.receive_nowait()
-            except anyio.WouldBlock:
-                await self._wait()
-
-    async def receive_batch(self) -> list[Message]:
-        """Wait for messages, then return every one at hand (at least one, in order)."""
-        await anyio.lowlevel.checkpoint()
-        while True:
-            try:
-                return self.receive_batch_nowait()
-            except anyio.WouldBlock:
-                await self._wait()
-
-    async def _wait(self) -> None:
-        assert self._poll is not None  # WouldBlock: a batch is asked for
-        await self._poll.wait()
-        self._pace.scheduled()
+    def _accept(self, result: Any) -> Iterable[Message]:
+        messages: list[Message] = result
+        return messages
 
     async def ack(self, msg: Message | int) -> None:
         """Acknowledge a message (or offset) received from this stream (``auto_ack=False``).
@@ -275,6 +304,7 @@ class MessageStream(ObjectReceiveStream[Message]):
     async def _hand_back(self) -> None:
         poll, self._poll = self._poll, None
         if poll is not None:
+            assert isinstance(poll, _Poll)
             poll.stop = True
             await poll.wait(shield=True)  # the thread hands it back within ``timeout``
             if poll.error is None:

@@ -21,7 +21,6 @@ import math
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
@@ -30,7 +29,6 @@ from typing import Any, TypeAlias, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
-from anyio.abc import ObjectReceiveStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 import k7core
@@ -48,7 +46,8 @@ from k7core.topics import (
     TopicStats,
 )
 
-from ._bridge import Pace, post
+from ._bridge import post
+from ._consumer import PolledStream
 from ._errors import AutoAckError, StreamClosedError
 from ._owner import Call, Command, Owner
 from ._producer import STOP, ChannelSendStream, Room, Stop, alongside, drain_nowait, gather_batch
@@ -709,32 +708,25 @@ class _Reader:
         self.wake.clear()  # after the wait: a command handed over meanwhile is not missed
 
 
-class RecordStream(ObjectReceiveStream[Record]):
+class RecordStream(PolledStream[Record]):
     """The receive stream of :func:`topic_consumer_stream`: ``async for record in stream``
     gives :class:`k7core.topics.Record` objects of this member's partitions.
 
-    As :class:`k7async.MessageStream`: ``receive()`` is a cancel point at every call and a
-    schedule point at least every 64 calls and whenever it waits; ``receive_batch()`` takes
-    what is at hand. With ``auto_ack=False``, ``await ack(record)`` / ``await nack(record)``
-    are applied by the reader thread, in order, before its next poll and before it leaves
-    the group. ``assignment`` is the member's partitions as last reported by the thread;
-    ``await assignment_changed()`` waits for the next change (a rebalance).
+    Receiving is :class:`k7async.MessageStream`'s (``PolledStream``). With
+    ``auto_ack=False``, ``await ack(record)`` / ``await nack(record)`` are applied by the
+    reader thread, in order, before its next poll and before it leaves the group.
+    ``assignment`` is the member's partitions as last reported by the thread; ``await
+    assignment_changed()`` waits for the next change (a rebalance).
     """
+
+    _what = "this record stream"
 
     def __init__(self, reader: _Reader, member: str) -> None:
         self._reader = reader
-        self._owner = reader.owner
         self._member = member
-        self._current: deque[Record] = deque()  # received from the thread, not handed out
         self._current_serial = 0  # the batch ``_current`` came from
         self._stale: dict[int, int] = {}  # partition -> serial of the last batch before a seek
-        self._poll: _Poll | None = None
-        self._error: BaseException | None = None
-        self._error_seen = False
-        self._closed = False
-        self._stopped: anyio.Event | None = None
-        self._pace = Pace()
-        self._ask()
+        super().__init__(reader.owner)
 
     @property
     def group(self) -> str:
@@ -767,28 +759,10 @@ class RecordStream(ObjectReceiveStream[Record]):
         self._poll = self._owner.submit(_Poll())
         self._reader.nudge()
 
-    def _refill(self) -> None:
-        """Fill ``_current`` from the batch that came in, or raise why it cannot be."""
-        if self._closed:
-            raise StreamClosedError("this record stream")
-        poll = self._poll
-        if poll is not None and poll.done:
-            self._poll = None
-            if poll.error is not None:
-                self._error = poll.error
-            else:
-                serial, records = poll.result()
-                self._current_serial = serial
-                self._current.extend(self._fresh(serial, records))
-                self._ask()  # the next batch is read while this one is worked through
-            if self._current:
-                return
-        if self._error is not None:
-            self._error_seen = True
-            raise self._error
-        if self._poll is None:
-            raise anyio.EndOfStream
-        raise anyio.WouldBlock
+    def _accept(self, result: Any) -> Iterable[Record]:
+        serial, records = result
+        self._current_serial = serial
+        return self._fresh(serial, records)
 
     def _fresh(self, serial: int, records: list[Record]) -> list[Record]:
         """Leave out the records of partitions sought after this batch was read."""
@@ -799,59 +773,6 @@ class RecordStream(ObjectReceiveStream[Record]):
         for p in [p for p, s in stale.items() if s < serial]:
             del stale[p]  # batches from now on were read after the seek
         return out
-
-    def receive_nowait(self) -> Record:
-        """The next record if one is at hand, else ``anyio.WouldBlock``."""
-        if self._closed or not self._current:
-            self._refill()
-        return self._current.popleft()
-
-    def receive_batch_nowait(self) -> list[Record]:
-        """Every record at hand (the rest of the current batch, or the next batch)."""
-        if self._closed or not self._current:
-            self._refill()
-        out = list(self._current)
-        self._current.clear()
-        return out
-
-    async def receive(self) -> Record:
-        await self._pace.checkpoint()
-        if self._current and not self._closed:
-            return self._current.popleft()
-        return await self._receive_waiting()
-
-    async def __anext__(self) -> Record:
-        await self._pace.checkpoint()
-        if self._current and not self._closed:
-            return self._current.popleft()
-        try:
-            return await self._receive_waiting()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def _receive_waiting(self) -> Record:
-        while True:
-            try:
-                return self.receive_nowait()
-            except anyio.WouldBlock:
-                await self._wait()
-
-    async def receive_batch(self) -> list[Record]:
-        """Wait for records, then return every one at hand (at least one, in order)."""
-        await anyio.lowlevel.checkpoint()
-        while True:
-            try:
-                batch = self.receive_batch_nowait()
-            except anyio.WouldBlock:
-                await self._wait()
-                continue
-            if batch:
-                return batch
-
-    async def _wait(self) -> None:
-        assert self._poll is not None  # WouldBlock: a batch is asked for
-        await self._poll.wait()
-        self._pace.scheduled()
 
     # ------------------------------------------------------------------ acks and calls
 
@@ -944,11 +865,11 @@ class RecordStream(ObjectReceiveStream[Record]):
     async def _hand_back(self) -> None:
         poll, self._poll = self._poll, None
         if poll is not None:
+            assert isinstance(poll, _Poll)
             poll.stop = True
             await poll.wait(shield=True)  # the thread hands it back within ``timeout``
             if poll.error is None:
-                serial, records = poll.result()
-                self._current.extend(self._fresh(serial, records))
+                self._current.extend(self._accept(poll.result()))
             elif self._error is None:
                 self._error = poll.error
         if self._reader.auto_ack and self._current:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -102,6 +102,39 @@ async def gather_batch(
     return over
 
 
+async def take_batch(
+    receive: MemoryObjectReceiveStream[Any],
+    room: Room,
+    target: int,
+    idle: Callable[[], Awaitable[bool]] | None = None,
+) -> tuple[list[Any], bool] | None:
+    """A pump's next batch from its channel, and whether the channel is over (then closed);
+    None when the channel ended with nothing more. When nothing is at hand, ``idle`` (if
+    given) is awaited first: True means it did some work, so look again before waiting.
+    Call it shielded: it holds items already taken."""
+    while True:
+        batch: list[Any] = []
+        over = drain_nowait(receive, batch, room)
+        if not batch and not over:  # nothing at hand
+            if idle is not None and await idle():
+                continue
+            room.notify()  # (a buffer of 0: senders hand items to a waiting pump)
+            try:
+                first = await receive.receive()  # wait for a sender
+            except anyio.EndOfStream:
+                return None
+            if isinstance(first, Stop):
+                over = drain_nowait(receive, batch, room) or True
+            else:
+                batch.append(first)
+        if batch and not over:
+            over = await gather_batch(receive, batch, target, room)
+        if over:
+            # No checkpoint since the last receive_nowait: nothing can slip in between.
+            receive.close()
+        return batch, over
+
+
 # ---------------------------------------------------------------------- sink
 
 
@@ -195,30 +228,21 @@ class _Pump:
                 self.done.set()
 
     async def _run(self) -> None:
-        receive, room = self.receive, self.room
         inflight: tuple[Append, list[Payload]] | None = None
+
+        async def settle() -> bool:  # nothing at hand: finish the batch in flight first
+            nonlocal inflight
+            if inflight is None:
+                return False
+            await self._settle(*inflight)
+            inflight = None
+            return True
+
         while True:
-            batch: list[Payload] = []
-            over = drain_nowait(receive, batch, room)
-            if not batch and not over:  # nothing at hand
-                if inflight is not None:
-                    await self._settle(*inflight)
-                    inflight = None
-                    continue
-                room.notify()  # (a buffer of 0: senders hand items to a waiting pump)
-                try:
-                    first = await receive.receive()  # wait for a sender
-                except anyio.EndOfStream:
-                    return
-                if isinstance(first, Stop):
-                    over = drain_nowait(receive, batch, room) or True
-                else:
-                    batch.append(first)
-            if batch and not over:
-                over = await gather_batch(receive, batch, self.target, room)
-            if over:
-                # No checkpoint since the last receive_nowait: nothing can slip in between.
-                receive.close()
+            got = await take_batch(self.receive, self.room, self.target, settle)
+            if got is None:
+                return
+            batch, over = got
             if inflight is not None:
                 await self._settle(*inflight)
                 inflight = None

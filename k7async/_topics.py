@@ -50,7 +50,7 @@ from ._bridge import post
 from ._consumer import PolledStream
 from ._errors import AutoAckError, StreamClosedError
 from ._owner import Call, Command, Owner
-from ._producer import STOP, ChannelSendStream, Room, Stop, alongside, drain_nowait, gather_batch
+from ._producer import STOP, ChannelSendStream, Room, alongside, take_batch
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
@@ -416,24 +416,11 @@ class _TopicPump:
                 self.done.set()
 
     async def _run(self) -> None:
-        receive, room = self.receive, self.room
         while True:
-            batch: list[Any] = []
-            over = drain_nowait(receive, batch, room)
-            if not batch and not over:
-                room.notify()
-                try:
-                    first = await receive.receive()
-                except anyio.EndOfStream:
-                    return
-                if isinstance(first, Stop):
-                    over = drain_nowait(receive, batch, room) or True
-                else:
-                    batch.append(first)
-            if batch and not over:
-                over = await gather_batch(receive, batch, self.target, room)
-            if over:
-                receive.close()
+            got = await take_batch(self.receive, self.room, self.target)
+            if got is None:
+                return
+            batch, over = got
             for i in range(0, len(batch), self.max_batch):
                 await self._write(batch[i:i + self.max_batch])
             if over:

@@ -21,6 +21,7 @@ from ._errors import CorruptRecordError as CorruptRecordError
 from ._errors import MemberBusyError as MemberBusyError
 from ._errors import NotAssignedError as NotAssignedError
 from ._errors import TopicError as TopicError
+from ._errors import TopicLockTimeoutError as TopicLockTimeoutError
 from ._exchange import Delivery as Delivery
 from ._exchange import Exchange as Exchange
 from ._partitioner import PARTITIONERS as PARTITIONERS
@@ -68,6 +69,7 @@ __all__ = [
     "TopicConsumer",
     "TopicError",
     "TopicGroupStats",
+    "TopicLockTimeoutError",
     "TopicStats",
     "kafka_murmur2",
     "murmur3_32",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import os
+import contextlib
+import errno
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -10,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .._checks import check_count, check_seconds, check_timeout
-from .._errors import ClosedError, GroupBusyError, K7Error
+from .._errors import ClosedError, GroupBusyError, K7Error, StorageError
 from .._format import Fsync, check_group_name
 from .._group import ConsumerGroup, Message
 from .._queue import Queue
@@ -19,7 +21,8 @@ from ._assign import STRATEGIES
 from ._envelope import Record, decode_many
 from ._errors import NotAssignedError
 from ._layout import groups_dir
-from ._membership import GroupDir, GroupState, check_member_id, default_member_id, publish
+from ._lockfile import LOCK_TIMEOUT
+from ._membership import GroupDir, GroupState, MemberFile, check_member_id, default_member_id
 from ._stats import TopicGroupStats, TopicStats
 
 
@@ -34,6 +37,8 @@ class TopicLike(Protocol):
     def file_mode(self) -> int: ...
     def partition(self, partition: int) -> Queue: ...
     def stats(self) -> TopicStats: ...
+
+log = logging.getLogger("k7core.topics")
 
 _WAIT_SLICE = 0.002  # with several partitions, how long one partition's wait lasts
 _FAST_BEAT = 0.01  # heartbeat while a partition waits to be taken or to drain
@@ -72,7 +77,13 @@ class TopicConsumer(Resource):
     is released once its records in flight are acked or nacked (at most
     ``revoke_timeout`` seconds; after that they go to the new owner again, and acks of them
     here return False). Use a consumer from one thread at a time, and keep polling: a
-    member that stops polling keeps its partitions.
+    member that stops polling keeps its partitions, unless it gave ``max_poll_interval``:
+    then the others leave it out of the assignment once it has not polled (or called
+    ``beat``) for that many seconds, and it hands its partitions over at its next poll.
+
+    A heartbeat never waits for the group lock: when another member holds it, the
+    rebalance is tried again at the next poll. Joining waits for it up to ``lock_timeout``
+    seconds, then raises ``TopicLockTimeoutError`` naming the process that holds it.
     """
 
     def __init__(
@@ -86,6 +97,8 @@ class TopicConsumer(Resource):
         revoke_timeout: float = 10.0,
         cursor_fsync: str | Fsync = Fsync.ASYNC,
         on_data_loss: str = "raise",
+        lock_timeout: float = LOCK_TIMEOUT,
+        max_poll_interval: float | None = None,
     ) -> None:
         self._closed = True
         self._topic = topic
@@ -96,6 +109,14 @@ class TopicConsumer(Resource):
         self.strategy = strategy
         self.heartbeat = check_seconds(heartbeat, "heartbeat", 60.0, positive=True)
         self.revoke_timeout = check_seconds(revoke_timeout, "revoke_timeout")
+        self.lock_timeout = check_seconds(lock_timeout, "lock_timeout")
+        self.max_poll_interval = None if max_poll_interval is None else check_seconds(
+            max_poll_interval, "max_poll_interval", positive=True)
+        if self.max_poll_interval is not None and self.max_poll_interval <= self.heartbeat:
+            raise ValueError(
+                f"max_poll_interval ({max_poll_interval}) must be longer than the heartbeat "
+                f"({heartbeat})"
+            )
         if on_data_loss not in ("raise", "earliest"):
             raise ValueError(f"on_data_loss must be 'raise' or 'earliest', not {on_data_loss!r}")
         self._group_args: dict[str, Any] = {
@@ -111,19 +132,24 @@ class TopicConsumer(Resource):
         self._published = -1
         self._dir = GroupDir(groups_dir(topic.path) / self.group, topic.file_mode)
         self._dir.create()
-        with self._dir.locked():
+        with self._dir.locked(self.lock_timeout):
             self._dir.check_strategy(strategy)
-            self._member_fd = self._dir.take_member(self.member)
+            self._member: MemberFile = self._dir.take_member(self.member, self.max_poll_interval)
             try:
-                self._state = self._dir.rebalance(self._n, strategy, keep=self.member)
+                self._state = self._dir.rebalance(self._n, strategy, time.time(), self.member)
             except BaseException:
                 self._dir.drop_member(self.member)
-                os.close(self._member_fd)
+                self._member.close()
                 raise
         self._stamp = self._dir.state_stamp()
         self._closed = False
         self._next_beat = 0.0
-        self._beat(time.monotonic())
+        try:
+            self._beat(time.monotonic())
+        except BaseException:
+            with contextlib.suppress(K7Error):
+                self.close()
+            raise
 
     # ------------------------------------------------------------------ membership
 
@@ -143,34 +169,50 @@ class TopicConsumer(Resource):
         return tuple(self._state.assignment.get(self.member, ()))
 
     def beat(self) -> None:
-        """Check membership and apply the assignment now (``poll`` does it every
-        ``heartbeat`` seconds)."""
+        """Stamp a heartbeat, check membership and apply the assignment now (``poll`` does
+        it every ``heartbeat`` seconds). Never waits for the group lock (see the class)."""
         self._check_open()
         self._beat(time.monotonic())
 
     def _beat(self, now: float) -> None:
         d = self._dir
+        self._member.touch()
         stamp = d.state_stamp()
         if stamp != self._stamp:
             st = d.read_state()
             self._stamp = stamp
             if st is not None:
                 self._state = st
-        if self._membership_changed():
-            with d.locked():
-                self._state = d.rebalance(self._n, self.strategy, keep=self.member)
-            self._stamp = d.state_stamp()
+        wall = time.time()
+        deferred = self._membership_changed(wall) and not self._rebalance(wall)
         self._apply(self._state, now)
-        busy = self._pending or self._revoking
+        busy = self._pending or self._revoking or deferred
         self._next_beat = now + (min(self.heartbeat, _FAST_BEAT) if busy else self.heartbeat)
 
-    def _membership_changed(self) -> bool:
+    def _membership_changed(self, wall: float) -> bool:
         st = self._state
         if self.member not in st.members or st.partitions != self._n:
             return True
-        if set(self._dir.member_names()) != set(st.members):
-            return True
-        return any(m != self.member and not self._dir.member_live(m) for m in st.members)
+        live, dead = self._dir.members_now(wall, self.member)
+        return bool(dead) or tuple(live) != st.members
+
+    def _rebalance(self, wall: float) -> bool:
+        """Write the next generation if the group lock is free now; False if it is not (or
+        the disk is full): this member goes on with the generation it has, and tries again
+        at its next heartbeat."""
+        d = self._dir
+        with d.try_locked() as got:
+            if not got:
+                return False
+            try:
+                self._state = d.rebalance(self._n, self.strategy, wall, self.member)
+            except StorageError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                log.warning("k7core.topics: %s; the rebalance is tried again later", exc)
+                return False
+        self._stamp = d.state_stamp()
+        return True
 
     def _apply(self, st: GroupState, now: float) -> None:
         target = set(st.assignment.get(self.member, ()))
@@ -201,7 +243,7 @@ class TopicConsumer(Resource):
             except GroupBusyError:
                 self._pending.add(p)  # its previous owner is draining it
         if set(self._groups) != before or self._published != st.generation:
-            publish(self._member_fd, self._groups, st.generation)
+            self._member.publish(self._groups, st.generation)
             self._published = st.generation
 
     # ------------------------------------------------------------------ reading
@@ -380,18 +422,25 @@ class TopicConsumer(Resource):
                 first = first or exc
         self._groups.clear()
         self._revoking.clear()
-        try:
-            with self._dir.locked():
-                self._dir.drop_member(self.member)
-                os.close(self._member_fd)
-                self._member_fd = -1
-                self._dir.rebalance(self._n, self.strategy)
-        finally:
-            if self._member_fd >= 0:
-                os.close(self._member_fd)
-                self._member_fd = -1
+        self._leave()
         if first is not None:
             raise first
+
+    def _leave(self) -> None:
+        """Remove the member file and release its lock; write the next generation if the
+        group lock is free now and the disk takes it (else the others write it at their
+        next heartbeat: they find the member gone)."""
+        try:
+            with self._dir.try_locked() as got:
+                self._dir.drop_member(self.member)
+                self._member.close()
+                if got:
+                    try:
+                        self._dir.rebalance(self._n, self.strategy, time.time())
+                    except StorageError as exc:
+                        log.warning("k7core.topics: %s; the others rebalance", exc)
+        finally:
+            self._member.close()
 
     def __repr__(self) -> str:
         return (f"<k7core.topics.TopicConsumer {self.member!r} of {self.group!r} "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from .._errors import IntegrityError, K7Error, LockedError
 
 
@@ -32,3 +34,16 @@ class MemberBusyError(LockedError):
 class NotAssignedError(K7Error, ValueError):
     """The partition is not assigned to this member (now): seek or commit it from the member
     that owns it (``assignment`` says which partitions are this member's)."""
+
+
+class TopicLockTimeoutError(LockedError):
+    """A lock of the topics layer (a consumer group's, a topic's metadata, an exchange's
+    bindings) stayed held past the wait's timeout: its holder, process ``pid`` (None when
+    unknown), is stopped or stuck. Resume or end that process; its lock dies with it."""
+
+    def __init__(
+        self, message: str, *, pid: int | None, path: str | os.PathLike[str] | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, path=path, hint=hint)
+        self.pid = pid

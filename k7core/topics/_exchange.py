@@ -15,7 +15,7 @@ publishes.
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import json
 import os
 from collections.abc import Mapping
@@ -39,6 +39,7 @@ from .._storage import Mapping as FileMap
 from ._envelope import HeadersArg, Value, check_headers, check_timestamp, value_bytes
 from ._errors import TopicError
 from ._layout import META_FILE, PARTITION_PREFIX
+from ._lockfile import LOCK_TIMEOUT, holding
 from ._routing import (
     Binding,
     ExchangeKind,
@@ -249,8 +250,9 @@ class Exchange(Resource):
             )
         return str(p)
 
-    def _locked(self) -> _Flock:
-        return _Flock(self._path / EXCHANGE_LOCK, self._file_mode)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return holding(self._path / EXCHANGE_LOCK, self._file_mode, LOCK_TIMEOUT,
+                       "the exchange's lock")
 
     def _map_gen(self) -> FileMap:
         """Map the change count's page (created, with real blocks, by the first opener)."""
@@ -345,17 +347,6 @@ class Exchange(Resource):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._bindings)} bindings"
         return f"<k7core.topics.Exchange {str(self._path)!r} {self._kind.value} {state}>"
-
-
-class _Flock:
-    def __init__(self, path: Path, mode: int) -> None:
-        self._fd = open_fd(path, os.O_RDWR | os.O_CREAT, mode)
-
-    def __enter__(self) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self._fd)
 
 
 def _close_all(dests: dict[str, Topic | Queue]) -> None:

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import json
 import os
 from dataclasses import dataclass
@@ -18,8 +18,9 @@ from pathlib import Path
 
 from .._errors import StorageError
 from .._format import queue_file
-from .._storage import FILE_MODE, open_fd, read_file, write_file_atomic
+from .._storage import FILE_MODE, read_file, write_file_atomic
 from ._errors import TopicError
+from ._lockfile import LOCK_TIMEOUT, holding
 from ._partitioner import PARTITIONERS
 
 META_FILE = "k7py-topic.json"
@@ -77,6 +78,19 @@ class TopicMeta:
         return cls(n, name, size)
 
 
+def storage_error(exc: OSError, path: Path, doing: str) -> StorageError:
+    """An OSError met on a topic's file as the StorageError every k7core path raises (a
+    StorageError passes through)."""
+    if isinstance(exc, StorageError):
+        return exc
+    hint = None
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "the file system is full: free space, then retry"
+    return StorageError(
+        f"cannot {doing} {path}: {exc.strerror}", errno_=exc.errno or 0, path=path, hint=hint,
+    )
+
+
 def check_partitions(partitions: object) -> int | None:
     if partitions is None:
         return None
@@ -112,18 +126,15 @@ def open_meta(
         try:
             topic.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # a parent that is a file, no permission, a full disk
-            raise StorageError(
-                f"cannot create topic directory {topic}: {exc.strerror}",
-                errno_=exc.errno or 0, path=topic,
-            ) from exc
-        fd = open_fd(topic / META_LOCK, os.O_RDWR | os.O_CREAT, file_mode)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # two creators agree on one file
+            raise storage_error(exc, topic, "create topic directory") from exc
+        # two creators agree on one file
+        with holding(topic / META_LOCK, file_mode, LOCK_TIMEOUT, "the topic's metadata lock"):
             if not meta_path.exists():
                 meta = TopicMeta(partitions, partitioner or "kafka", segment_size)
-                write_file_atomic(meta_path, meta.to_json(), file_mode)
-        finally:
-            os.close(fd)
+                try:
+                    write_file_atomic(meta_path, meta.to_json(), file_mode)
+                except OSError as exc:
+                    raise storage_error(exc, meta_path, "write") from exc
     meta = TopicMeta.parse(read_file(meta_path), meta_path)
     if partitions is not None and partitions != meta.partitions:
         raise TopicError(

@@ -31,6 +31,7 @@ from ._envelope import (
 )
 from ._errors import BackPressureError
 from ._layout import MAX_PARTITIONS, check_partitions, groups_dir, open_meta, partition_dir
+from ._lockfile import LOCK_TIMEOUT
 from ._membership import GroupDir, GroupState
 from ._partitioner import KeylessSpreader, key_bytes, partitioner_for
 from ._pressure import BackPressure, LagMeter, Watermarks, watched_lag
@@ -449,6 +450,8 @@ class Topic(Resource):
         revoke_timeout: float = 10.0,
         cursor_fsync: str | Fsync = Fsync.ASYNC,
         on_data_loss: str = "raise",
+        lock_timeout: float = LOCK_TIMEOUT,
+        max_poll_interval: float | None = None,
     ) -> TopicConsumer:
         """Join consumer group ``group`` as ``member`` (None: a unique id); see
         ``TopicConsumer``."""
@@ -457,7 +460,8 @@ class Topic(Resource):
         c = TopicConsumer(
             self, group, member, strategy=strategy, heartbeat=heartbeat,
             revoke_timeout=revoke_timeout, cursor_fsync=cursor_fsync,
-            on_data_loss=on_data_loss,
+            on_data_loss=on_data_loss, lock_timeout=lock_timeout,
+            max_poll_interval=max_poll_interval,
         )
         self._consumers.add(c)
         return c

@@ -8,16 +8,23 @@
 ack record by record, appending ``try P OFF`` before each ack and ``ack P OFF VALUE`` after
 an ack that took effect (``lost P OFF`` otherwise) to LOG; a line ``quit`` on stdin makes it
 leave the group (close), print ``left`` and exit.
+
+``freeze-in-lock DIR GROUP``: take the group lock as a member does when it rebalances,
+print ``held``, and stop itself (SIGSTOP) holding it; once continued, exit (the lock with it).
 """
 
 from __future__ import annotations
 
 import os
 import select
+import signal
 import sys
 import time
+from pathlib import Path
 
 from k7core.topics import Topic
+from k7core.topics._layout import groups_dir
+from k7core.topics._membership import GroupDir
 
 
 def _produce(argv: list[str]) -> None:
@@ -52,5 +59,14 @@ def _consume(argv: list[str]) -> None:
     os.write(1, b"left\n")
 
 
+def _freeze_in_lock(argv: list[str]) -> None:
+    gd = GroupDir(groups_dir(Path(argv[0])) / argv[1])
+    gd.create()
+    with gd.locked(60.0):
+        os.write(1, b"held\n")
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
 if __name__ == "__main__":
-    {"produce": _produce, "consume": _consume}[sys.argv[1]](sys.argv[2:])
+    modes = {"produce": _produce, "consume": _consume, "freeze-in-lock": _freeze_in_lock}
+    modes[sys.argv[1]](sys.argv[2:])

@@ -1,0 +1,67 @@
+"""A process frozen (SIGSTOP) while it holds a consumer group's lock: the members' polls
+and heartbeats go on without it (the rebalance waits for the next one), a leave does not
+wait for it, and a join waits ``lock_timeout`` then names the frozen process's pid."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from k7core.topics import Topic, TopicLockTimeoutError
+from tests._childproc import Child
+
+CHILDREN = "tests.k7core.topics._group_children"
+SEG = 1 << 20
+T = TypeVar("T")
+
+#: How long a call that must not wait for the frozen process may take before the test
+#: calls it stuck (generous: a busy machine; the old code waited forever).
+STUCK = 20.0
+
+
+def bounded(pool: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
+    """``fn()`` in a thread; fails if it has not returned within ``STUCK`` seconds."""
+    return pool.submit(fn).result(timeout=STUCK)
+
+
+def test_a_frozen_lock_holder_stalls_no_poll_and_names_itself(tmp_path: Path) -> None:
+    with Topic(tmp_path / "t", partitions=2, segment_size=SEG) as t, \
+            ThreadPoolExecutor(1) as pool:
+        for i in range(20):
+            t.send(b"v%d" % i, partition=i % 2)
+        t.sync()
+        a = t.consumer("g", "a", strategy="range")
+        b = t.consumer("g", "b", strategy="range")
+        a.beat()
+        assert a.assignment == (0,)
+        with Child("freeze-in-lock", str(t.path), "g", program=CHILDREN) as frozen:
+            try:
+                assert frozen.line() == b"held"
+                bounded(pool, b.close)  # leaves without writing the next generation
+                got = bounded(pool, lambda: a.poll(100, 0.05))
+                assert {r.partition for r in got} == {0}  # its own partition, meanwhile
+                a.ack_many(got)
+                assert bounded(pool, lambda: a.poll(100, 0.05)) == []
+                with pytest.raises(TopicLockTimeoutError) as info:
+                    bounded(pool, lambda: t.consumer("g", "c", lock_timeout=0.1))
+                assert info.value.pid == frozen.proc.pid
+                assert f"process {frozen.proc.pid}" in str(info.value)
+                assert "kill -CONT" in str(info.value)
+                assert a.assignment == (0,)
+            finally:
+                frozen.proc.send_signal(signal.SIGCONT)
+            assert frozen.wait() == 0
+        # the lock is free again: the next heartbeat writes the generation without b
+        for _ in range(2_000):
+            a.ack_many(a.poll(100, 0.05))
+            if a.assignment == (0, 1):
+                break
+        assert a.assignment == (0, 1)
+        g = t.stats().groups[0]
+        assert g.members == ("a",) and all(p.lag_bytes == 0 for p in g.partitions)
+        a.close()

@@ -35,6 +35,7 @@ import k7core
 from k7core import Fsync
 from k7core._checks import check_count, check_seconds
 from k7core.topics import (
+    LOCK_TIMEOUT,
     BackPressure,
     BackPressureError,
     ConsumerStats,
@@ -906,17 +907,20 @@ async def topic_consumer_stream(
     revoke_timeout: float = 10.0,
     cursor_fsync: str | Fsync = "async",
     on_data_loss: str = "raise",
+    lock_timeout: float = LOCK_TIMEOUT,
+    max_poll_interval: float | None = None,
 ) -> AsyncIterator[RecordStream]:
     """Join consumer group ``group`` of a topic as ``member`` (None: a unique id) and yield a
     :class:`RecordStream` of the records of the member's partitions.
 
     ``topic`` is an :class:`AsyncTopic`, a :class:`k7core.topics.Topic` or a topic's path:
     only its directory is used. A reader thread opens the topic read-only, joins the group
-    (``strategy``, ``heartbeat``, ``revoke_timeout``, ``cursor_fsync``, ``on_data_loss``: as
-    :meth:`k7core.topics.Topic.consumer`), polls (``max_batch``, ``timeout``) and hands each
-    batch over in one hop, staying at most one batch ahead. While the stream holds a batch it
-    fetches no more but keeps beating, so members that join or leave get their partitions
-    even while this task is slow.
+    (``strategy``, ``heartbeat``, ``revoke_timeout``, ``cursor_fsync``, ``on_data_loss``,
+    ``lock_timeout``, ``max_poll_interval``: as :meth:`k7core.topics.Topic.consumer`), polls
+    (``max_batch``, ``timeout``) and hands each batch over in one hop, staying at most one
+    batch ahead. While the stream holds a batch it fetches no more but keeps beating, so
+    members that join or leave get their partitions even while this task is slow (and a
+    slow task does not count as a member that stopped polling).
 
     - ``auto_ack=True``: each batch is acked as it is handed over (at-most-once); leaving
       hands back, with ``seek``, the records never received (of the partitions still held).
@@ -935,6 +939,7 @@ async def topic_consumer_stream(
         consumer_options={
             "strategy": strategy, "heartbeat": heartbeat, "revoke_timeout": revoke_timeout,
             "cursor_fsync": cursor_fsync, "on_data_loss": on_data_loss,
+            "lock_timeout": lock_timeout, "max_poll_interval": max_poll_interval,
         },
     )
     try:

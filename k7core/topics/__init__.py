@@ -24,6 +24,7 @@ from ._errors import TopicError as TopicError
 from ._errors import TopicLockTimeoutError as TopicLockTimeoutError
 from ._exchange import Delivery as Delivery
 from ._exchange import Exchange as Exchange
+from ._lockfile import LOCK_TIMEOUT as LOCK_TIMEOUT
 from ._partitioner import PARTITIONERS as PARTITIONERS
 from ._partitioner import kafka_murmur2 as kafka_murmur2
 from ._partitioner import murmur3_32 as murmur3_32
@@ -44,6 +45,7 @@ from ._topic import ProducerRecord as ProducerRecord
 from ._topic import Topic as Topic
 
 __all__ = [
+    "LOCK_TIMEOUT",
     "PARTITIONERS",
     "STRATEGIES",
     "TOPIC_SEGMENT_SIZE",

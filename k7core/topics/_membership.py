@@ -255,6 +255,15 @@ class GroupDir:
             self.drop_member(m)
         return live
 
+    def last_active(self) -> float | None:
+        """The newest of the members' heartbeats (their files' mtimes) and the last
+        generation written (the state file's), wall clock; None with neither."""
+        times = []
+        for path in [self.state_path, *map(self.member_path, self.member_names())]:
+            with contextlib.suppress(OSError):
+                times.append(os.stat(path, follow_symlinks=False).st_mtime)
+        return max(times, default=None)
+
     def state_stamp(self) -> tuple[int, int, int] | None:
         try:
             st = os.stat(self.state_path)

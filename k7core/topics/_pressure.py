@@ -8,13 +8,16 @@ so that a producer re-reads it often at little cost.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from .._checks import check_int, check_seconds
 
 UNITS = ("messages", "bytes")
 ON_HIGH = ("block", "raise")
+GROUP_EXPIRY = 300.0
+"""``BackPressure.group_expiry``'s default: a group inactive for 5 minutes (Kafka's
+``max.poll.interval.ms``) stops holding producers back."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,11 @@ class BackPressure:
     ``BackPressureError`` at once (``on_high="raise"``). Between the marks the throttle
     ratio rises linearly from 0 to 1 (``Topic.throttle_ratio()``), for callers that pace
     themselves. The lag is re-read at most every ``interval`` seconds while sending.
+
+    A group inactive for ``group_expiry`` seconds (None: never) stops counting: no member
+    has beaten (polled) and no generation was written for that long, and its committed
+    offsets did not move as this topic saw them. A dead group then no longer holds
+    producers back; it counts again as soon as a member joins or polls.
     """
 
     high: int
@@ -37,6 +45,7 @@ class BackPressure:
     on_high: str = "block"
     timeout: float | None = None
     interval: float = 0.005
+    group_expiry: float | None = GROUP_EXPIRY
 
     def __post_init__(self) -> None:
         check_int(self.high, "high", 1)
@@ -53,6 +62,8 @@ class BackPressure:
         if self.timeout is not None:
             check_seconds(self.timeout, "timeout")
         check_seconds(self.interval, "interval")
+        if self.group_expiry is not None:
+            check_seconds(self.group_expiry, "group_expiry", positive=True)
 
     @property
     def low_mark(self) -> int:
@@ -161,12 +172,52 @@ class LagMeter:
         return n
 
 
-def watched_lag(lags: dict[str, int], group: str | None) -> int:
-    """The lag back-pressure acts on: the named group's (0 if it has no cursor yet) or the
-    slowest group's (0 with no group: nobody to wait for)."""
+def watched_lag(lags: dict[str, int], group: str | None, expired: Collection[str] = ()) -> int:
+    """The lag back-pressure acts on: the named group's (0 if it has no cursor yet or
+    expired) or the slowest group's that has not expired (0 with none: nobody to wait
+    for)."""
     if group is not None:
-        return lags.get(group, 0)
-    return max(lags.values(), default=0)
+        return 0 if group in expired else lags.get(group, 0)
+    return max((n for g, n in lags.items() if g not in expired), default=0)
+
+
+class GroupActivity:
+    """When each group was last active (wall-clock seconds), and which ones expired.
+
+    A group's activity is the newest of: its files' times, passed in (members' heartbeats,
+    the last generation written; None for a group known only by its cursors), and the last
+    move of its committed offsets seen here (``saw``). A group known only by its cursors
+    counts as active when first seen, so a producer that starts does not forget a group
+    just because it has not watched it yet. Sans-I/O: times come in.
+    """
+
+    def __init__(self, expiry: float | None) -> None:
+        self.expiry = expiry
+        self._cursors: dict[str, tuple[int | None, ...]] = {}
+        self._first: dict[str, float] = {}
+        self._moved: dict[str, float] = {}
+
+    def saw(self, cursors: dict[str, list[int | None]], now: float) -> None:
+        """Take every group's committed offsets as read at ``now``."""
+        for group, committed in cursors.items():
+            offsets = tuple(committed)
+            old = self._cursors.get(group)
+            if old is None:
+                self._first[group] = now
+            elif old != offsets:
+                self._moved[group] = now
+            self._cursors[group] = offsets
+
+    def last_active(self, group: str, files: float | None) -> float | None:
+        """The group's last activity; None when nothing is known of it."""
+        times = [t for t in (files, self._moved.get(group)) if t is not None]
+        if files is None and group in self._first:
+            times.append(self._first[group])
+        return max(times, default=None)
+
+    def expired(self, group: str, files: float | None, now: float) -> bool:
+        last = self.last_active(group, files)
+        return self.expiry is not None and last is not None and now - last > self.expiry
 
 
 def deadline_left(deadline: float, now: float) -> float:

@@ -29,12 +29,19 @@ class PartitionLag:
 
 @dataclass(frozen=True)
 class TopicGroupStats:
+    """A group of the topic: its generation, members and assignment, each partition's lag;
+    ``last_active`` (wall-clock seconds: its members' last heartbeat, its last generation,
+    its offsets' last move seen by this topic) and whether that is older than the
+    back-pressure's ``group_expiry`` (then it no longer holds producers back)."""
+
     name: str
     generation: int
     strategy: str | None
     members: tuple[str, ...]
     assignment: dict[str, list[int]]
     partitions: tuple[PartitionLag, ...]
+    last_active: float | None = None
+    expired: bool = False
 
     @property
     def lag_bytes(self) -> int:
@@ -48,7 +55,8 @@ class TopicGroupStats:
 
 @dataclass(frozen=True)
 class PressureStats:
-    """Back-pressure now: the watched lag, the marks, paused or not, the throttle ratio."""
+    """Back-pressure now: the watched lag, the marks, paused or not, the throttle ratio;
+    ``expired_groups`` are the groups inactive for ``group_expiry`` seconds, not counted."""
 
     unit: str
     group: str | None
@@ -59,6 +67,8 @@ class PressureStats:
     throttle_ratio: float
     pauses: int
     blocked_seconds: float
+    group_expiry: float | None = None
+    expired_groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,10 @@ from ._layout import MAX_PARTITIONS, check_partitions, groups_dir, open_meta, pa
 from ._lockfile import LOCK_TIMEOUT
 from ._membership import GroupDir, GroupState
 from ._partitioner import KeylessSpreader, key_bytes, partitioner_for
-from ._pressure import BackPressure, LagMeter, Watermarks, watched_lag
+from ._pressure import BackPressure, GroupActivity, LagMeter, Watermarks, watched_lag
 from ._stats import PartitionLag, PartitionStats, PressureStats, TopicGroupStats, TopicStats
 
+_EXPIRY_RECHECK = 1.0  # while sending, groups' expiry is re-read at most this often
 TOPIC_SEGMENT_SIZE = 32 * 1024 * 1024
 """Partitions' default segment size at creation: a topic preallocates one segment per
 partition (and a spare per writer process), so smaller than a plain queue's 256 MiB. The
@@ -132,6 +133,9 @@ class Topic(Resource):
             self._ends, self._group_cursors, self._earliest, self._count,
         )
         self._next_check = 0.0
+        self._activity = GroupActivity(back_pressure.group_expiry if back_pressure else None)
+        self._expired: frozenset[str] = frozenset()
+        self._next_expiry = 0.0
         self._lag = 0
         self._since = 0  # what this topic sent since the last reading, in the unit
         self._ends_now: list[int] = []  # the partitions' visible ends at the last reading
@@ -313,7 +317,7 @@ class Topic(Resource):
         if now < self._next_check and not marks.paused and self._lag + self._since < bp.high:
             self._since += amount
             return
-        if not self._refresh(now):
+        if not self._refresh(now, recheck=False):
             self._since += amount
             return
         if bp.on_high == "raise":
@@ -325,18 +329,25 @@ class Topic(Resource):
                 if left <= 0:
                     raise self._pressure_error()
                 time.sleep(min(bp.interval, left))
-                if not self._refresh(time.monotonic()):
+                if not self._refresh(time.monotonic(), recheck=False):
                     self._since += amount
                     return
         finally:
             self._blocked += time.monotonic() - now
 
-    def _refresh(self, now: float) -> bool:
-        """Re-read the watched lag; return whether sends are paused."""
+    def _refresh(self, now: float, recheck: bool = True) -> bool:
+        """Re-read the watched lag (the groups' expiry too if ``recheck`` or due); return
+        whether sends are paused."""
         assert self._bp is not None and self._marks is not None
         # one reading of the ends for both parts, or a publish between them counts nowhere
         self._ends_now = [self._queue(p).end for p in range(self._n)]
-        self._lag = watched_lag(self._meter.lags(), self._bp.group) + self._not_visible()
+        lags = self._meter.lags()
+        if self._bp.group_expiry is not None and (recheck or now >= self._next_expiry):
+            wall = time.time()
+            self._expired = frozenset(
+                g for g in lags if self._activity.expired(g, self._files_active(g), wall))
+            self._next_expiry = now + _EXPIRY_RECHECK
+        self._lag = watched_lag(lags, self._bp.group, self._expired) + self._not_visible()
         self._since = 0
         self._next_check = now + self._bp.interval
         return self._marks.update(self._lag)
@@ -412,7 +423,12 @@ class Topic(Resource):
                 continue
             for g, committed in read_cursors(d):
                 out.setdefault(g, [None] * self._n)[p] = committed
+        self._activity.saw(out, time.time())
         return out
+
+    def _files_active(self, group: str) -> float | None:
+        """A group's last heartbeat or generation, as its directory's files tell."""
+        return GroupDir(groups_dir(self._path) / group).last_active()
 
     # ------------------------------------------------------------------ reading
 
@@ -496,9 +512,12 @@ class Topic(Resource):
                     info.lag_messages if info is not None else self._count(p, earliest, end),
                     owner.get(p), holders.get(p), info.owned if info is not None else False,
                 ))
+            files = gd.last_active()
             groups.append(TopicGroupStats(
                 name, st.generation, st.strategy or None, st.members,
                 {m: list(ps) for m, ps in st.assignment.items()}, tuple(lags),
+                self._activity.last_active(name, files),
+                self._activity.expired(name, files, time.time()),
             ))
         return TopicStats(str(self._path), tuple(parts), self._meta.partitioner,
                           tuple(groups), self.pressure_stats())
@@ -514,7 +533,8 @@ class Topic(Resource):
             self._check_open()
             self._refresh(time.monotonic())
         return PressureStats(bp.unit, bp.group, bp.high, bp.low_mark, self._lag, marks.paused,
-                             marks.ratio(self._lag), marks.pauses, self._blocked)
+                             marks.ratio(self._lag), marks.pauses, self._blocked,
+                             bp.group_expiry, tuple(sorted(self._expired)))
 
     # ------------------------------------------------------------------ lifetime
 

@@ -566,7 +566,8 @@ def test_raise_until_the_group_catches_up(make: MakeTopic) -> None:
     c = joined(t)
     for i in range(10):  # lag 0 .. 9 before each: through
         t.send(f"m{i}")
-    assert t.pressure_stats() == PressureStats("messages", None, 10, 5, 10, True, 1.0, 1, 0.0)
+    assert t.pressure_stats() == PressureStats(
+        "messages", None, 10, 5, 10, True, 1.0, 1, 0.0, 300.0)
     full = ends(t)
     with pytest.raises(BackPressureError, match="the slowest group lags 10 messages") as info:
         t.send(b"refused")
@@ -742,7 +743,7 @@ def test_throttle_ratio_between_the_marks(make: MakeTopic) -> None:
     assert t.throttle_ratio() == pytest.approx(0.5)
     st = t.stats()
     assert st.back_pressure == t.pressure_stats()
-    assert st.back_pressure == PressureStats("messages", None, 10, 4, 7, False, 0.5, 1, 0.0)
+    assert st.back_pressure == PressureStats("messages", None, 10, 4, 7, False, 0.5, 1, 0.0, 300.0)
 
 
 def test_without_back_pressure(make: MakeTopic) -> None:

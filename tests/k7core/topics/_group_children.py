@@ -9,8 +9,9 @@ ack record by record, appending ``try P OFF`` before each ack and ``ack P OFF VA
 an ack that took effect (``lost P OFF`` otherwise) to LOG; a line ``quit`` on stdin makes it
 leave the group (close), print ``left`` and exit.
 
-``freeze-in-lock DIR GROUP``: take the group lock as a member does when it rebalances,
-print ``held``, and stop itself (SIGSTOP) holding it; once continued, exit (the lock with it).
+``freeze-in-lock LOCKFILE``: take a lock of the topics layer (a group's, a topic's
+metadata lock, an exchange's) as its holders do, print ``held``, and stop itself (SIGSTOP)
+holding it; once continued, exit (the lock with it).
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ import time
 from pathlib import Path
 
 from k7core.topics import Topic
-from k7core.topics._layout import groups_dir
-from k7core.topics._membership import GroupDir
+from k7core.topics._lockfile import holding
 
 
 def _produce(argv: list[str]) -> None:
@@ -60,9 +60,7 @@ def _consume(argv: list[str]) -> None:
 
 
 def _freeze_in_lock(argv: list[str]) -> None:
-    gd = GroupDir(groups_dir(Path(argv[0])) / argv[1])
-    gd.create()
-    with gd.locked(60.0):
+    with holding(Path(argv[0]), 0o600, 60.0, "a test's lock"):
         os.write(1, b"held\n")
         os.kill(os.getpid(), signal.SIGSTOP)
 

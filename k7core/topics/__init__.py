@@ -20,6 +20,7 @@ from ._errors import BackPressureError as BackPressureError
 from ._errors import CorruptRecordError as CorruptRecordError
 from ._errors import MemberBusyError as MemberBusyError
 from ._errors import NotAssignedError as NotAssignedError
+from ._errors import TopicDeletedError as TopicDeletedError
 from ._errors import TopicError as TopicError
 from ._errors import TopicLockTimeoutError as TopicLockTimeoutError
 from ._exchange import Delivery as Delivery
@@ -69,6 +70,7 @@ __all__ = [
     "Router",
     "Topic",
     "TopicConsumer",
+    "TopicDeletedError",
     "TopicError",
     "TopicGroupStats",
     "TopicLockTimeoutError",

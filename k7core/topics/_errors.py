@@ -12,6 +12,12 @@ class TopicError(K7Error):
     partitioner other than the topic was created with, a directory that is not a topic."""
 
 
+class TopicDeletedError(TopicError):
+    """The directory of a topic (or of one of its partitions, or of an exchange's bound
+    queue) was deleted while it was open: a write would go into files nobody can open
+    again. Nothing was written. Close it and open (or create) the topic again."""
+
+
 class CorruptRecordError(IntegrityError):
     """A partition's payload is not a topic record envelope (written by a plain queue
     producer, or damaged). ``offset`` is where."""

@@ -20,6 +20,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from time import monotonic
 from typing import Any, NamedTuple
 
 from .._errors import ClosedError, K7Error
@@ -37,8 +38,8 @@ from .._storage import (
 )
 from .._storage import Mapping as FileMap
 from ._envelope import HeadersArg, Value, check_headers, check_timestamp, value_bytes
-from ._errors import TopicError
-from ._layout import META_FILE, PARTITION_PREFIX
+from ._errors import TopicDeletedError, TopicError
+from ._layout import META_FILE, PARTITION_PREFIX, DirWatch
 from ._lockfile import LOCK_TIMEOUT, holding
 from ._routing import (
     Binding,
@@ -153,6 +154,7 @@ class Exchange(Resource):
             )
         # No finalizer: each destination has its own (see Topic).
         self._dests: dict[str, Topic | Queue] = {}
+        self._queue_dirs: dict[str, DirWatch] = {}  # a bound queue's directory
         self._closed = False
 
     # ------------------------------------------------------------------ bindings
@@ -304,20 +306,40 @@ class Exchange(Resource):
         self._refresh()
         hs = check_headers(headers)
         ts = check_timestamp(timestamp)
+        routed = self._router.route(routing_key, hs or None)
+        for dest in routed:  # every one exists before anything is written
+            self._open(dest)
         out = []
-        for dest in self._router.route(routing_key, hs or None):
-            d = self._open(dest)
-            if isinstance(d, Topic):
-                p, off = d.send(value, key, hs, ts)
-                out.append(Delivery(dest, p, off))
-            else:
-                out.append(Delivery(dest, None, d.enqueue(value_bytes(value))))
+        for dest in routed:
+            try:
+                out.append(self._write(dest, value, key, hs, ts))
+            except TopicDeletedError:  # deleted under the cached one: replaced since?
+                self._forget(dest)
+                out.append(self._write(dest, value, key, hs, ts))
         return out
+
+    def _write(
+        self, dest: str, value: Value, key: Value | None, hs: HeadersArg, ts: int | None,
+    ) -> Delivery:
+        d = self._open(dest)
+        if isinstance(d, Topic):
+            p, off = d.send(value, key, hs, ts)  # checks its partition's directory
+            return Delivery(dest, p, off)
+        w = self._queue_dirs[dest]
+        if monotonic() >= w.due:
+            w.check()
+        return Delivery(dest, None, d.enqueue(value_bytes(value)))
 
     def _open(self, dest: str) -> Topic | Queue:
         d = self._dests.get(dest)
         if d is None:
             path = Path(dest)
+            if not path.is_dir():
+                raise TopicDeletedError(
+                    f"destination {dest} of exchange {self._path} does not exist (deleted?); "
+                    "nothing was written", path=dest,
+                    hint="create it again, or unbind it",
+                )
             args: dict[str, Any] = {"fsync": self._fsync, "file_mode": self._file_mode}
             if (path / META_FILE).exists():
                 d = Topic(path, **args)  # its recorded segment size
@@ -326,8 +348,26 @@ class Exchange(Resource):
                 if infos:
                     args["segment_size"] = infos[-1].size
                 d = Queue(path, writers="shared", **args)
+                try:
+                    self._queue_dirs[dest] = DirWatch(
+                        path, 0.0 if d.fsync is Fsync.SYNC else d.commit_interval,
+                        f"queue {dest} bound to exchange {self._path}")
+                except BaseException:
+                    d.close()
+                    raise
             self._dests[dest] = d
         return d
+
+    def _forget(self, dest: str) -> None:
+        """Drop a destination opened in a directory since deleted (what it held is gone:
+        its close may fail, and says so in the log)."""
+        d = self._dests.pop(dest, None)
+        watch = self._queue_dirs.pop(dest, None)
+        if watch is not None:
+            watch.close()
+        if d is not None:
+            with contextlib.suppress(K7Error):
+                d.close()
 
     # ------------------------------------------------------------------ lifetime
 
@@ -342,6 +382,9 @@ class Exchange(Resource):
         self._closed = True
         self._gen_word = None
         self._gen_map.close()
+        for watch in self._queue_dirs.values():
+            watch.close()
+        self._queue_dirs.clear()
         _close_all(self._dests)
 
     def __repr__(self) -> str:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import StorageError
 from .._format import queue_file
-from .._storage import FILE_MODE, read_file, write_file_atomic
-from ._errors import TopicError
+from .._stats import list_segment_infos
+from .._storage import FILE_MODE, open_fd, read_file, write_file_atomic
+from ._errors import TopicDeletedError, TopicError
 from ._lockfile import LOCK_TIMEOUT, holding
 from ._partitioner import PARTITIONERS
 
@@ -89,6 +91,50 @@ def storage_error(exc: OSError, path: Path, doing: str) -> StorageError:
     return StorageError(
         f"cannot {doing} {path}: {exc.strerror}", errno_=exc.errno or 0, path=path, hint=hint,
     )
+
+
+def newest_segment_size(topic: Path, default: int) -> int:
+    """A topic recorded without its segment size: its partitions' newest segment's."""
+    for p in range(MAX_PARTITIONS):
+        d = partition_dir(topic, p)
+        if not d.is_dir():
+            break
+        infos = list_segment_infos(d)
+        if infos:
+            return infos[-1].size
+    return default
+
+
+class DirWatch:
+    """Notices that a directory written into was deleted: one fstat of a descriptor kept on
+    it (a deleted directory has no links). The writer calls :meth:`check` before a write
+    once ``time.monotonic()`` reaches ``due``: before every write when ``interval`` is 0
+    (each write durable at once), else at most once per ``interval`` seconds, the window
+    in which an ``"async"`` write is not durable yet anyway."""
+
+    def __init__(self, path: Path, interval: float, what: str) -> None:
+        self.path = path
+        self.interval = interval
+        self.what = what
+        self.due = 0.0
+        self._fd = open_fd(path, os.O_RDONLY | os.O_DIRECTORY)
+
+    def check(self) -> None:
+        """TopicDeletedError if the directory was deleted (nothing written yet)."""
+        if os.fstat(self._fd).st_nlink == 0:
+            lost = (f"; records written in the {self.interval:g} s before this check went "
+                    "with it" if self.interval else "")
+            raise TopicDeletedError(
+                f"{self.what} was deleted while open: nothing was written{lost}",
+                path=self.path, hint="close it, then open (or create) it again",
+            )
+        if self.interval:
+            self.due = time.monotonic() + self.interval
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def check_partitions(partitions: object) -> int | None:

@@ -238,7 +238,10 @@ class GroupDir:
         """(the members the assignment is for, the dead members' names): every member
         whose process holds its file's lock and that is not stalled, and ``keep``."""
         live, dead = [], []
-        for m in self.member_names():
+        names = self.member_names()
+        for key in [k for k in self._limits if k[0] not in names]:
+            del self._limits[key]  # members gone: their ids come back only by chance
+        for m in names:
             if m == keep:
                 live.append(m)
             elif not self.member_live(m):

@@ -9,13 +9,14 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from time import monotonic
 from typing import NamedTuple
 
 from .._errors import ClosedError, K7Error
 from .._format import Fsync, frame_size
 from .._queue import Queue
 from .._resource import Resource
-from .._stats import GroupInfo, list_segment_infos, read_cursors
+from .._stats import GroupInfo, read_cursors
 from .._storage import FILE_MODE, list_segments
 from ._consumer import TopicConsumer
 from ._envelope import (
@@ -30,7 +31,14 @@ from ._envelope import (
     value_bytes,
 )
 from ._errors import BackPressureError
-from ._layout import MAX_PARTITIONS, check_partitions, groups_dir, open_meta, partition_dir
+from ._layout import (
+    DirWatch,
+    check_partitions,
+    groups_dir,
+    newest_segment_size,
+    open_meta,
+    partition_dir,
+)
 from ._lockfile import LOCK_TIMEOUT
 from ._membership import GroupDir, GroupState
 from ._partitioner import KeylessSpreader, key_bytes, partitioner_for
@@ -43,18 +51,6 @@ TOPIC_SEGMENT_SIZE = 32 * 1024 * 1024
 partition (and a spare per writer process), so smaller than a plain queue's 256 MiB. The
 size a topic is created with is recorded; opening it later without ``segment_size`` uses
 that one."""
-
-
-def _newest_segment_size(topic: Path) -> int:
-    """A topic recorded without its segment size: its partitions' newest segment's."""
-    for p in range(MAX_PARTITIONS):
-        d = partition_dir(topic, p)
-        if not d.is_dir():
-            break
-        infos = list_segment_infos(d)
-        if infos:
-            return infos[-1].size
-    return TOPIC_SEGMENT_SIZE
 
 
 class ProducerRecord(NamedTuple):
@@ -108,7 +104,8 @@ class Topic(Resource):
             segment_size=TOPIC_SEGMENT_SIZE if segment_size is None else segment_size,
         )
         if segment_size is None:  # the topic's own (older topics: their newest segment's)
-            segment_size = self._meta.segment_size or _newest_segment_size(self._path)
+            segment_size = self._meta.segment_size or newest_segment_size(
+                self._path, TOPIC_SEGMENT_SIZE)
         self._n = self._meta.partitions
         self._place = partitioner_for(self._meta.partitioner).placer(self._n)
         self._spread = KeylessSpreader()
@@ -122,6 +119,7 @@ class Topic(Resource):
         # No finalizer of its own: each partition Queue has one (closing them again from
         # ours at interpreter exit would touch queues already released).
         self._queues: list[Queue | None] = [None] * self._n
+        self._watch: DirWatch | None = None  # a writer's check that the directory is there
         self._bp = back_pressure
         self._bp_messages = back_pressure is None or back_pressure.unit == "messages"
         self._marks = (
@@ -150,6 +148,7 @@ class Topic(Resource):
                     self._queue(p)
             except BaseException:
                 self._closed = True
+                self._close_watch()
                 _close_queues(self._queues)
                 raise
 
@@ -205,6 +204,19 @@ class Topic(Resource):
             if not self._readonly:
                 args["writers"] = "shared"
             q = self._queues[p] = Queue(partition_dir(self._path, p), **args)  # type: ignore[arg-type]
+            if not self._readonly and self._watch is None:
+                self._watch = DirWatch(
+                    self._path, 0.0 if q.fsync is Fsync.SYNC else q.commit_interval,
+                    f"the directory of topic {self._path}")
+        return q
+
+    def _writer(self, p: int) -> Queue:
+        """Partition ``p``'s queue, to write into: TopicDeletedError if the topic's
+        directory was deleted (the records would be lost with the unlinked files)."""
+        q = self._queue(p)
+        w = self._watch
+        if w is not None and monotonic() >= w.due:
+            w.check()
         return q
 
     def _record(
@@ -253,10 +265,10 @@ class Topic(Resource):
             raise ClosedError(f"topic {self._path} is closed", path=self._path)
         p, payload = self._record(value, key, headers, timestamp, partition)
         if self._marks is None:
-            return p, self._queue(p).enqueue(payload)
+            return p, self._writer(p).enqueue(payload)
         size = frame_size(len(payload))
         self._gate(1 if self._bp_messages else size)
-        off = self._queue(p).enqueue(payload)
+        off = self._writer(p).enqueue(payload)
         self._unpublished[p].append((off, size))
         return p, off
 
@@ -291,7 +303,8 @@ class Topic(Resource):
         if self._marks is not None and where:
             self._gate(len(where) if self._bp_messages
                        else sum(frame_size(len(b)) for bs in batches.values() for b in bs))
-        written = {p: self._queue(p).enqueue_many(batch) for p, batch in batches.items()}
+        writers = {p: self._writer(p) for p in batches}  # every one checked first
+        written = {p: writers[p].enqueue_many(batch) for p, batch in batches.items()}
         if self._marks is not None:
             for p, offs in written.items():
                 sizes = map(frame_size, map(len, batches[p]))
@@ -549,12 +562,17 @@ class Topic(Resource):
                 c.close()
             except K7Error as exc:
                 first = first or exc
+        self._close_watch()
         try:
             _close_queues(self._queues)
         except K7Error as exc:
             first = first or exc
         if first is not None:
             raise first
+
+    def _close_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("readonly" if self._readonly else "open")

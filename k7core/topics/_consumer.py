@@ -26,6 +26,10 @@ from ._membership import GroupDir, GroupState, MemberFile, check_member_id, defa
 from ._stats import TopicGroupStats, TopicStats
 
 
+def _disk_full(exc: StorageError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 class TopicLike(Protocol):
     """What a consumer needs of its topic (``Topic`` is one)."""
 
@@ -126,7 +130,8 @@ class TopicConsumer(Resource):
         self._groups: dict[int, ConsumerGroup] = {}
         self._revoking: dict[int, float] = {}  # partition -> when it is released anyway
         self._nacked: dict[int, set[int]] = {}  # revoking partition -> nacked offsets
-        self._pending: set[int] = set()  # assigned, owner not gone yet
+        self._pending: set[int] = set()  # assigned, owner not gone yet (or no space)
+        self._short: set[int] = set()  # pending for want of space (warned once)
         self._rr = 0
         self._rebalances = 0
         self._published = -1
@@ -207,7 +212,7 @@ class TopicConsumer(Resource):
             try:
                 self._state = d.rebalance(self._n, self.strategy, wall, self.member)
             except StorageError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                if not _disk_full(exc):
                     raise
                 log.warning("k7core.topics: %s; the rebalance is tried again later", exc)
                 return False
@@ -234,6 +239,7 @@ class TopicConsumer(Resource):
                 self._rebalances += 1
         before = set(self._groups)
         self._pending = set()
+        short: set[int] = set()
         for p in sorted(target - self._groups.keys()):
             try:
                 self._groups[p] = self._topic.partition(p).consumer_group(
@@ -242,6 +248,15 @@ class TopicConsumer(Resource):
                 self._rebalances += 1
             except GroupBusyError:
                 self._pending.add(p)  # its previous owner is draining it
+            except StorageError as exc:  # its cursor cannot be created: a full disk
+                if not _disk_full(exc):
+                    raise
+                if p not in self._short:
+                    log.warning("k7core.topics: %s; partition %d is taken when space "
+                                "returns", exc, p)
+                short.add(p)
+                self._pending.add(p)
+        self._short = short
         if set(self._groups) != before or self._published != st.generation:
             self._member.publish(self._groups, st.generation)
             self._published = st.generation

@@ -126,3 +126,31 @@ def test_a_member_polls_on_while_a_death_cannot_be_written(
         assert len(g.members) == 15 and all(p.lag_bytes == 0 for p in g.partitions), g
         for m in members:
             m.close()
+
+
+def test_a_partition_taken_over_on_a_full_disk_waits_for_space(small_fs: Path) -> None:  # noqa: F811
+    """A member leaves, the disk fills, and the survivor cannot create the cursors of the
+    partitions it takes over (removed here, as for partitions the group never held): it
+    polls its own on (no error) and takes the others once space returns."""
+    with Topic(small_fs / "t", partitions=4, segment_size=SEG) as t:
+        for i in range(RECORDS):
+            t.send(b"v%d" % i, key=b"k%d" % i)
+        t.sync()
+        a = t.consumer("g", "a", strategy="range")
+        b = t.consumer("g", "b", strategy="range")
+        a.beat()
+        b.beat()
+        assert list(b.assignment) == [2, 3]
+        b.close()
+        for p in (2, 3):
+            (small_fs / "t" / f"partition-{p}" / "cursor-g.k7").unlink()
+        filler = _fill_disk(small_fs, 0)
+        done: set[tuple[int, int]] = set()
+        for _ in range(5):
+            drain([a], done, 0)
+            a.beat()
+        assert list(a.assigned) == [0, 1, 2, 3] and list(a.assignment) == [0, 1]
+        filler.unlink()
+        drain([a], done, RECORDS)
+        assert len(done) == RECORDS and list(a.assignment) == [0, 1, 2, 3]
+        a.close()

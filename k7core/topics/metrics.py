@@ -64,6 +64,9 @@ class TopicCollector(Collector):
                     labels=["topic", "group"])
         owner = g("k7_topic_group_partition_held", "1 for the member holding the partition",
                   labels=["topic", "group", "partition", "member"])
+        active = g("k7_topic_group_last_active_timestamp_seconds",
+                   "The group's last activity: heartbeat, generation or offsets moving",
+                   labels=["topic", "group"])
         lag_b = g("k7_topic_group_lag_bytes", "Bytes between the group's cursor and the end",
                   labels=["topic", "group", "partition"])
         lag_m = g("k7_topic_group_lag_messages",
@@ -77,6 +80,9 @@ class TopicCollector(Collector):
                       labels=["topic"])
         bp_ratio = g("k7_topic_backpressure_throttle_ratio",
                      "0 below the low mark, 1 at the high mark or paused", labels=["topic"])
+        bp_expired = g("k7_topic_backpressure_group_expired",
+                       "1 for a group inactive for group_expiry: not counted",
+                       labels=["topic", "group"])
         bp_pauses = CounterMetricFamily("k7_topic_backpressure_pauses",
                                         "Times sends went from running to paused",
                                         labels=["topic"])
@@ -97,6 +103,8 @@ class TopicCollector(Collector):
                     bp_ratio.add_metric([name], ps.throttle_ratio)
                     bp_pauses.add_metric([name], ps.pauses)
                     bp_blocked.add_metric([name], ps.blocked_seconds)
+                    for gone in ps.expired_groups:
+                        bp_expired.add_metric([name, gone], 1.0)
                 try:
                     reader = self._readers.get(name)
                     if reader is None:
@@ -109,6 +117,8 @@ class TopicCollector(Collector):
                 for grp in st.groups:
                     gen.add_metric([name, grp.name], grp.generation)
                     members.add_metric([name, grp.name], len(grp.members))
+                    if grp.last_active is not None:
+                        active.add_metric([name, grp.name], grp.last_active)
                     for pl in grp.partitions:
                         part = str(pl.partition)
                         lag_b.add_metric([name, grp.name, part], pl.lag_bytes)
@@ -116,5 +126,5 @@ class TopicCollector(Collector):
                             lag_m.add_metric([name, grp.name, part], pl.lag_messages)
                         if pl.holder is not None:
                             owner.add_metric([name, grp.name, part, pl.holder], 1.0)
-        yield from (end, gen, members, owner, lag_b, lag_m, bp_lag, bp_high, bp_low,
-                    bp_paused, bp_ratio, bp_pauses, bp_blocked)
+        yield from (end, gen, members, active, owner, lag_b, lag_m, bp_lag, bp_high, bp_low,
+                    bp_paused, bp_ratio, bp_expired, bp_pauses, bp_blocked)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -29,8 +31,14 @@ def test_scrape_shows_groups_lag_and_back_pressure(tmp_path: Path) -> None:
         assert f'k7_topic_backpressure_lag{{topic="{name}",unit="messages"}} 3.0' in text
         assert f'k7_topic_backpressure_paused{{topic="{name}"}} 0.0' in text
         assert f'k7_topic_backpressure_throttle_ratio{{topic="{name}"}} 0.5' in text
-        c.ack_many(c.poll(10, 1.0))
-        c.close()
+        assert f'k7_topic_group_last_active_timestamp_seconds{{group="g",topic="{name}"}}' \
+            in text
+        assert "k7_topic_backpressure_group_expired{" not in text
+        c.close()  # leaves with nothing acked (offsets that moved would be activity)
+        old = time.time() - 3600  # the group left an hour ago (the injected clock)
+        os.utime(t.path / "k7py-groups" / "g" / "state.json", (old, old))
+        t.paused()
         text = generate_latest(reg).decode()
         assert f'k7_topic_group_members{{group="g",topic="{name}"}} 0.0' in text
+        assert f'k7_topic_backpressure_group_expired{{group="g",topic="{name}"}} 1.0' in text
         col.close()

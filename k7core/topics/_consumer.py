@@ -113,7 +113,7 @@ class TopicConsumer(Resource):
         self.strategy = strategy
         self.heartbeat = check_seconds(heartbeat, "heartbeat", 60.0, positive=True)
         self.revoke_timeout = check_seconds(revoke_timeout, "revoke_timeout")
-        self.lock_timeout = check_seconds(lock_timeout, "lock_timeout")
+        self.lock_timeout = check_seconds(lock_timeout, "lock_timeout", 3600.0)  # bounded
         self.max_poll_interval = None if max_poll_interval is None else check_seconds(
             max_poll_interval, "max_poll_interval", positive=True)
         if self.max_poll_interval is not None and self.max_poll_interval <= self.heartbeat:

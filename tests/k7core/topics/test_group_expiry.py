@@ -163,5 +163,7 @@ def test_a_member_that_stops_polling_loses_its_partitions(tmp_path: Path) -> Non
         assert list(a.assigned) == [0] and list(b.assigned) == [1]
         with pytest.raises(ValueError, match="max_poll_interval"):
             t.consumer("g", max_poll_interval=0.05)
+        with pytest.raises(ValueError, match="lock_timeout"):
+            t.consumer("g", lock_timeout=float("inf"))  # no unbounded wait
         for c in (a, b, quiet, other):
             c.close()

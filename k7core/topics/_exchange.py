@@ -34,12 +34,11 @@ from .._storage import (
     open_fd,
     preallocate,
     read_file,
-    write_file_atomic,
 )
 from .._storage import Mapping as FileMap
 from ._envelope import HeadersArg, Value, check_headers, check_timestamp, value_bytes
 from ._errors import TopicDeletedError, TopicError
-from ._layout import META_FILE, PARTITION_PREFIX, DirWatch
+from ._layout import META_FILE, PARTITION_PREFIX, DirWatch, make_dirs, write_atomic
 from ._lockfile import LOCK_TIMEOUT, holding
 from ._routing import (
     Binding,
@@ -132,10 +131,10 @@ class Exchange(Resource):
                     f"{self._path} is not an exchange (no {EXCHANGE_FILE})", path=self._path,
                     hint="pass kind= to create it",
                 )
-            self._path.mkdir(parents=True, exist_ok=True)
+            make_dirs(self._path, "exchange directory")
             with self._locked():
                 if not self._file.exists():
-                    write_file_atomic(self._file, _dump(ExchangeKind(kind), ()), file_mode)
+                    write_atomic(self._file, _dump(ExchangeKind(kind), ()), file_mode)
         self._gen_map = self._map_gen()
         self._gen_word: Any = ffi.cast("uint64_t *", self._gen_map.ptr)
         self._gen = -1
@@ -204,7 +203,7 @@ class Exchange(Resource):
         with self._locked():
             kind, bindings = _parse(read_file(self._file), self._file)
             if b not in bindings:
-                write_file_atomic(self._file, _dump(kind, (*bindings, b)), self._file_mode)
+                write_atomic(self._file, _dump(kind, (*bindings, b)), self._file_mode)
                 self._changed()
         self._refresh()
         return b
@@ -220,7 +219,7 @@ class Exchange(Resource):
             if binding not in bindings:
                 return False
             rest = tuple(b for b in bindings if b != binding)
-            write_file_atomic(self._file, _dump(kind, rest), self._file_mode)
+            write_atomic(self._file, _dump(kind, rest), self._file_mode)
             self._changed()
         self._refresh()
         return True

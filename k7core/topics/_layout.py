@@ -93,6 +93,22 @@ def storage_error(exc: OSError, path: Path, doing: str) -> StorageError:
     )
 
 
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """``write_file_atomic``, its OSErrors (a full disk) as StorageError with a hint."""
+    try:
+        write_file_atomic(path, data, mode)
+    except OSError as exc:
+        raise storage_error(exc, path, "write") from exc
+
+
+def make_dirs(path: Path, what: str) -> None:
+    """Create ``path`` and its parents; an OSError as StorageError with a hint."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a parent that is a file, no permission, a full disk
+        raise storage_error(exc, path, f"create {what}") from exc
+
+
 def newest_segment_size(topic: Path, default: int) -> int:
     """A topic recorded without its segment size: its partitions' newest segment's."""
     for p in range(MAX_PARTITIONS):
@@ -169,18 +185,12 @@ def open_meta(
                 f"{topic} is a queue, not a topic", path=topic,
                 hint="a topic needs a directory of its own (its partitions are queues in it)",
             )
-        try:
-            topic.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:  # a parent that is a file, no permission, a full disk
-            raise storage_error(exc, topic, "create topic directory") from exc
+        make_dirs(topic, "topic directory")
         # two creators agree on one file
         with holding(topic / META_LOCK, file_mode, LOCK_TIMEOUT, "the topic's metadata lock"):
             if not meta_path.exists():
                 meta = TopicMeta(partitions, partitioner or "kafka", segment_size)
-                try:
-                    write_file_atomic(meta_path, meta.to_json(), file_mode)
-                except OSError as exc:
-                    raise storage_error(exc, meta_path, "write") from exc
+                write_atomic(meta_path, meta.to_json(), file_mode)
     meta = TopicMeta.parse(read_file(meta_path), meta_path)
     if partitions is not None and partitions != meta.partitions:
         raise TopicError(

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from .._errors import StorageError
 from .._format import check_group_name
-from .._storage import FILE_MODE, lock_is_free, open_fd, read_file, try_lock, write_file_atomic
+from .._storage import FILE_MODE, lock_is_free, open_fd, read_file, try_lock
 from ._assign import STRATEGIES, Assignment, assign
 from ._errors import MemberBusyError, TopicError
-from ._layout import storage_error
+from ._layout import make_dirs, storage_error, write_atomic
 from ._lockfile import hold, try_hold
 
 GROUP_LOCK = "k7py-group.lock"
@@ -133,10 +133,7 @@ class GroupDir:
         self._limits: dict[tuple[str, int], float | None] = {}  # (member, inode) -> limit
 
     def create(self) -> None:
-        try:
-            self.members_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise storage_error(exc, self.members_dir, "create group directory") from exc
+        make_dirs(self.members_dir, "group directory")
 
     @contextlib.contextmanager
     def locked(self, timeout: float) -> Iterator[None]:
@@ -296,10 +293,7 @@ class GroupDir:
             (old.generation if old is not None else 0) + 1, strategy, partitions, live,
             assign(strategy, live, partitions, previous),
         )
-        try:
-            write_file_atomic(self.state_path, new.to_json(), self.file_mode)
-        except OSError as exc:
-            raise storage_error(exc, self.state_path, "write group state") from exc
+        write_atomic(self.state_path, new.to_json(), self.file_mode)
         return new
 
     def check_strategy(self, strategy: str) -> None:

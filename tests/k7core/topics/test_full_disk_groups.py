@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from k7core import K7Error, StorageError
-from k7core.topics import Topic, TopicConsumer
+from k7core.topics import Exchange, Topic, TopicConsumer
 from tests._childproc import Child
 from tests.k7core.test_full_disk import _fill_disk, small_fs  # noqa: F401 (a fixture)
 
@@ -157,3 +157,24 @@ def test_a_partition_taken_over_on_a_full_disk_waits_for_space(small_fs: Path) -
         drain([a], done, RECORDS)
         assert len(done) == RECORDS and list(a.assignment) == [0, 1, 2, 3]
         a.close()
+
+
+def test_creating_and_binding_on_a_full_disk_raise_storage_errors(
+    small_fs: Path,  # noqa: F811
+) -> None:
+    """Every other write of the topics layer on a full disk: a StorageError with a hint,
+    never a raw OSError."""
+    Topic(small_fs / "t", partitions=1, segment_size=SEG).close()
+    with Exchange(small_fs / "ex", "fanout") as ex:
+        filler = _fill_disk(small_fs, 0)
+        with pytest.raises(K7Error) as info:
+            ex.bind(small_fs / "t")
+        check_enospc(info.value)
+        for make in (lambda: Exchange(small_fs / "ex2", "direct"),
+                     lambda: Topic(small_fs / "t2", partitions=1, segment_size=SEG)):
+            with pytest.raises(K7Error) as info:
+                make()
+            check_enospc(info.value)
+        filler.unlink()
+        ex.bind(small_fs / "t")
+        assert len(ex.bindings()) == 1

@@ -4,6 +4,7 @@ task is slow, close and cancellation."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,8 +23,10 @@ from k7core.topics import (
     Record,
     Topic,
     TopicError,
+    TopicLockTimeoutError,
     TopicStats,
 )
+from tests._childproc import Child
 from tests.k7async._asynchelp import k7async_threads
 
 pytestmark = pytest.mark.anyio
@@ -423,3 +426,28 @@ async def test_open_errors_are_raised_on_entry(tmp_path: Path) -> None:
         with Topic(tmp_path / "t", readonly=True) as sync:
             assert [r.value for r in sync.read(0, 0) + sync.read(1, 0)] == [b"good"]
     assert k7async_threads() == []
+
+
+async def test_a_join_names_a_frozen_lock_holder(tmp_path: Path) -> None:
+    """The stream's join waits ``lock_timeout`` for a group lock held by a stopped process,
+    then raises TopicLockTimeoutError naming it; a stream already in keeps receiving."""
+    with Topic(tmp_path / "t", partitions=2, **SMALL) as t:
+        for i in range(4):
+            t.send(b"v%d" % i, partition=i % 2)
+    with anyio.fail_after(60):
+        async with k7async.open_topic(tmp_path / "t") as topic, \
+                topic.consumer_stream("g", "in", max_poll_interval=5.0) as stream:
+            lock = tmp_path / "t" / "k7py-groups" / "g" / "k7py-group.lock"
+            with Child("freeze-in-lock", str(lock),
+                       program="tests.k7core.topics._group_children") as frozen:
+                try:
+                    assert frozen.line() == b"held"
+                    with pytest.raises(TopicLockTimeoutError) as info:
+                        async with topic.consumer_stream("g", "late", lock_timeout=0.1):
+                            pytest.fail("entered")
+                    assert info.value.pid == frozen.proc.pid
+                    got = [await stream.receive() for _ in range(4)]
+                    assert sorted(r.value for r in got) == [b"v0", b"v1", b"v2", b"v3"]
+                finally:
+                    frozen.proc.send_signal(signal.SIGCONT)
+                assert frozen.wait() == 0

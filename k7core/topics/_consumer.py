@@ -83,7 +83,8 @@ class TopicConsumer(Resource):
     here return False). Use a consumer from one thread at a time, and keep polling: a
     member that stops polling keeps its partitions, unless it gave ``max_poll_interval``:
     then the others leave it out of the assignment once it has not polled (or called
-    ``beat``) for that many seconds, and it hands its partitions over at its next poll.
+    ``beat``) for that many seconds. Its partitions move as soon as it releases them: when
+    it dies, or at its next heartbeat, where it rejoins and follows the new assignment.
 
     A heartbeat never waits for the group lock: when another member holds it, the
     rebalance is tried again at the next poll. Joining waits for it up to ``lock_timeout``

@@ -6,6 +6,7 @@ binding wait ``LOCK_TIMEOUT``, then name it; publishing never takes the lock."""
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -50,8 +51,11 @@ def test_a_frozen_lock_holder_stalls_no_poll_and_names_itself(tmp_path: Path) ->
                 assert {r.partition for r in got} == {0}  # its own partition, meanwhile
                 a.ack_many(got)
                 assert bounded(pool, lambda: a.poll(100, 0.05)) == []
+                fds = set(os.listdir("/proc/self/fd"))
                 with pytest.raises(TopicLockTimeoutError) as info:
                     bounded(pool, lambda: t.consumer("g", "c", lock_timeout=0.1))
+                assert set(os.listdir("/proc/self/fd")) == fds, "a descriptor leaked"
+                assert not (lock.parent / "members" / "c.member").exists()
                 assert info.value.pid == frozen.proc.pid
                 assert f"process {frozen.proc.pid}" in str(info.value)
                 assert "kill -CONT" in str(info.value)

@@ -31,7 +31,7 @@ from k7core.workers._beanstalk import (
     take_steps,
     watch_steps,
 )
-from k7core.workers._source import Deps, store_counts, view
+from k7core.workers._source import Deps, kick_buried, store_counts, view
 
 from ._bridge import post
 from ._jobs import AsyncJobStore
@@ -161,7 +161,7 @@ class AsyncStoreSource:
         return [view(j) for j in self._store.errors(tube)[:limit]]
 
     async def kick(self, tube: str, bound: int) -> int:
-        return await self.call(lambda: self._store.kick(tube, bound))
+        return await self.call(lambda: kick_buried(self._store, tube, bound))
 
     async def counts(self) -> dict[str, dict[str, int]]:
         return store_counts(self._store)

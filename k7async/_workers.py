@@ -42,7 +42,7 @@ from k7core.workers._core import (
 )
 from k7core.workers._monitor import Monitor
 from k7core.workers._policy import Action, Defer, Delete, Retry
-from k7core.workers._source import Deps
+from k7core.workers._source import ALL, Deps
 
 from ._bridge import SCHEDULE_EVERY
 from ._jobs import AsyncJobStore
@@ -353,7 +353,7 @@ class AsyncWorker:
 
     async def retry_errors(self, tube: str) -> int:
         """:meth:`k7core.workers.Worker.retry_errors`."""
-        return await self._src.kick(tube, 1 << 31)
+        return await self._src.kick(tube, ALL)
 
     async def stats(self) -> dict[str, dict[str, int]]:
         """:meth:`k7core.workers.Worker.stats`."""

@@ -22,7 +22,7 @@ from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from .._errors import K7Error
-from ..beanstalk import Client, ReservedJob, TubeNotFoundError, calls
+from ..beanstalk import Client, JobNotFoundError, ReservedJob, TubeNotFoundError, calls
 from ..beanstalk.calls import Call
 from ..jobs._machine import ERRORS_KEPT
 from ._codec import pack, unpack
@@ -165,8 +165,24 @@ def buried_steps(tube: str, limit: int | None, now: Callable[[], float]
 
 
 def kick_steps(tube: str, bound: int) -> Steps[int]:
+    """Up to ``bound`` buried jobs of ``tube`` ready, each by ``kick-job`` (a bare ``kick``
+    kicks delayed jobs when none is buried), at most as many as were buried at the start
+    (a job buried again meanwhile is not kicked twice)."""
+    try:
+        st = yield calls.stats_tube(tube)
+    except TubeNotFoundError:
+        return 0
     yield calls.use(tube)
-    kicked: int = yield calls.kick(bound)
+    kicked = 0
+    for _ in range(min(bound, int(st["current-jobs-buried"]))):
+        first = yield calls.peek_buried()
+        if first is None:
+            break
+        try:
+            yield calls.kick_job(first.id)
+        except JobNotFoundError:  # kicked or deleted by another client meanwhile
+            continue
+        kicked += 1
     return kicked
 
 

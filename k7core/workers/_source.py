@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, cast
 
-from ..jobs import Job, JobOwner, JobState, JobStore
+from ..jobs import Job, JobNotFoundError, JobOwner, JobState, JobStore
 from ..jobs._machine import JobMachine
 
 
@@ -63,7 +63,10 @@ class Source(Protocol):
             key: str | None, depends_on: Deps, group: str | None = None) -> int: ...
     def buried(self, tube: str, limit: int | None = None) -> list[JobView]:
         """The buried jobs of ``tube`` (the first ``limit``), oldest buried first."""
-    def kick(self, tube: str, bound: int) -> int: ...
+    def kick(self, tube: str, bound: int) -> int:
+        """Make up to ``bound`` buried jobs of ``tube`` ready, oldest buried first; never a
+        delayed one (beanstalkd's ``kick`` kicks delayed jobs when none is buried: a job
+        due in an hour would run now). Returns how many."""
     def counts(self) -> dict[str, dict[str, int]]:
         """Per tube, live jobs by state."""
     def group_progress(self, tube: str, group: str) -> dict[str, int]:
@@ -77,6 +80,24 @@ def store_counts(store: JobStore) -> dict[str, dict[str, int]]:
     return {tube: {"ready": o.ready, "delayed": o.delayed, "reserved": o.reserved,
                    "buried": o.buried, "waiting": o.waiting}
             for tube, o in store.overview().items()}
+
+
+ALL = 1 << 31
+"""A kick's bound meaning every buried job."""
+
+
+def kick_buried(store: JobStore, tube: str, bound: int) -> int:
+    """``Source.kick`` on a job store: each buried job kicked by id (the store's ``kick``
+    would kick delayed jobs if none were buried any more); one msync for all under sync."""
+    kicked = 0
+    with store.batch():
+        for job in store.errors(tube)[:bound]:
+            try:
+                store.kick_job(job.id)
+            except JobNotFoundError:  # kicked or deleted meanwhile
+                continue
+            kicked += 1
+    return kicked
 
 
 def _counts(machine_counts: dict[JobState, int]) -> dict[str, int]:
@@ -135,7 +156,7 @@ class StoreSource:
         return [view(j) for j in self.store.errors(tube)[:limit]]
 
     def kick(self, tube: str, bound: int) -> int:
-        return self.store.kick(tube, bound)
+        return kick_buried(self.store, tube, bound)
 
     def counts(self) -> dict[str, dict[str, int]]:
         return store_counts(self.store)
@@ -233,10 +254,10 @@ class MemorySource:
         return [view(j) for j in self.machine.errors(tube)[:limit]]
 
     def kick(self, tube: str, bound: int) -> int:
-        ids = self.machine.plan_kick(tube, bound)
-        for job_id in ids:
-            self.machine.apply_kick(job_id)
-        return len(ids)
+        jobs = self.machine.errors(tube)[:bound]  # buried ones only (plan_kick: delayed too)
+        for job in jobs:
+            self.machine.apply_kick(job.id)
+        return len(jobs)
 
     def counts(self) -> dict[str, dict[str, int]]:
         self.machine.advance(self.clock())

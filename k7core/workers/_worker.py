@@ -33,7 +33,7 @@ from ._core import (
 )
 from ._monitor import Monitor
 from ._policy import Action, Defer, Delete, Options, Retry
-from ._source import Deps, JobView, MemorySource, Session, Source, StoreSource
+from ._source import ALL, Deps, JobView, MemorySource, Session, Source, StoreSource
 
 log = logging.getLogger("k7core.workers")
 
@@ -334,8 +334,9 @@ class Worker(Resource):
             session.close()
 
     def retry_errors(self, tube: str) -> int:
-        """Make every buried job of ``tube`` ready again; returns how many."""
-        return self._source.kick(tube, 1 << 31)
+        """Make every buried job of ``tube`` ready again (never a delayed one); returns how
+        many."""
+        return self._source.kick(tube, ALL)
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per tube, live jobs by state (yoltq's ``queue-stats``)."""

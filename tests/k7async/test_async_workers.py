@@ -3,6 +3,7 @@ disk under "flush" (calls in the loop) and "sync" (the owner thread, group commi
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 from pathlib import Path
@@ -185,3 +186,27 @@ async def test_group_progress_in_the_test_mode_and_over_a_store(tmp_path: Path) 
 
 async def _noop(p: object) -> None:
     pass
+
+
+@pytest.mark.parametrize("kind", ["memory", "flush", "sync"])
+async def test_retry_errors_kicks_buried_jobs_only_never_delayed_ones(tmp_path: Path,
+                                                                      kind: str) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        source: k7async.AsyncJobStore | MemorySource = (
+            MemorySource() if kind == "memory"
+            else await stack.enter_async_context(k7async.open_jobs(tmp_path / "j",
+                                                                   fsync=kind)))
+        w = await stack.enter_async_context(k7async.AsyncWorker(source))  # no consumer
+        await w.put("q", "in an hour", delay=3600)
+        assert await w.retry_errors("q") == 0  # nothing buried: it stays delayed
+        assert (await w.stats())["q"]["delayed"] == 1
+        await w.put("q", "broken")
+        session = w._src.session()
+        job = await session.reserve(("q",), 0)
+        assert job is not None
+        await session.bury(job, "#1 broken")
+        await session.aclose()
+        assert await w.retry_errors("q") == 1
+        assert await w.retry_errors("q") == 0
+        counts = (await w.stats())["q"]
+        assert (counts["ready"], counts["delayed"], counts["buried"]) == (1, 1, 0)

@@ -160,3 +160,46 @@ async def test_the_async_worker_over_a_server(server: ServerProcess, anyio_backe
             await done.wait()
         assert await w.check_health() is True
     assert sorted(seen) == [0, *range(10)]
+
+
+def _bury_one(server: ServerProcess, tube: str) -> None:
+    with Client(("127.0.0.1", server.port)) as c:
+        c.use(tube)
+        c.put(b'"broken"')
+        c.watch(tube)
+        got = c.reserve(timeout=5)
+        assert got is not None
+        c.bury(got.id)
+
+
+def _states(server: ServerProcess, tube: str) -> tuple[int, int, int]:
+    with Client(("127.0.0.1", server.port)) as c:
+        st = c.stats_tube(tube)
+    return (int(st["current-jobs-ready"]), int(st["current-jobs-delayed"]),
+            int(st["current-jobs-buried"]))
+
+
+def test_retry_errors_kicks_buried_jobs_only_never_delayed_ones(server: ServerProcess
+                                                                ) -> None:
+    with Worker(address(server)) as w:  # no consumer: nothing takes the jobs
+        w.put("q", "in an hour", delay=3600)
+        assert w.retry_errors("q") == 0  # beanstalkd's kick would kick the delayed job
+        assert _states(server, "q") == (0, 1, 0)
+        _bury_one(server, "q")
+        _bury_one(server, "q")
+        assert w.retry_errors("q") == 2
+        assert w.retry_errors("q") == 0
+        assert _states(server, "q") == (2, 1, 0)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_async_retry_errors_kicks_buried_jobs_only(server: ServerProcess,
+                                                         anyio_backend: str) -> None:
+    async with k7async.AsyncWorker(address(server)) as w:
+        await w.put("q", "in an hour", delay=3600)
+        assert await w.retry_errors("q") == 0
+        assert _states(server, "q") == (0, 1, 0)
+        _bury_one(server, "q")
+        assert await w.retry_errors("q") == 1
+        assert _states(server, "q") == (1, 1, 0)

@@ -3,6 +3,7 @@ threads over a JobStore on disk."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import threading
@@ -260,7 +261,8 @@ def test_group_progress_follows_a_campaign(w: Worker, clock: ManualClock) -> Non
         w.put("mail", {"to": "y"}, group="")
 
 
-def test_retry_one_error_runs_a_buried_job_now_and_returns_or_raises(w: Worker) -> None:
+def test_retry_one_error_runs_a_buried_job_now_and_returns_or_raises(w: Worker,
+                                                                   clock: ManualClock) -> None:
     state = {"broken": True}
 
     @w.consumer("q", max_retries=1)
@@ -274,9 +276,7 @@ def test_retry_one_error_runs_a_buried_job_now_and_returns_or_raises(w: Worker) 
     for _ in range(2):  # the first failures close the gate; retries are not due anyway
         with pytest.raises(OSError):
             w.consume("q")
-    session = w.source.session()
-    w.source.kick("q", 10)  # not buried yet: delayed; kick makes them ready
-    session.close()
+    clock.advance(5.0)  # not buried yet: delayed by the backoff
     for _ in range(2):
         with pytest.raises(OSError):
             w.consume("q")
@@ -475,3 +475,24 @@ def test_a_job_running_past_max_execute_time_is_logged_with_its_stack(
         logging.getLogger("k7core.workers").removeHandler(handler)
     [msg] = [r.getMessage() for r in caplog.records if "max_execute_time" in r.getMessage()]
     assert "in stuck_in_here" in msg and "finish.wait(30)" in msg
+
+
+@pytest.mark.parametrize("kind", ["memory", "store"])
+def test_retry_errors_kicks_buried_jobs_only_never_delayed_ones(kind: str, tmp_path: Path
+                                                                ) -> None:
+    with contextlib.ExitStack() as stack:
+        source: JobStore | MemorySource = (
+            MemorySource() if kind == "memory"
+            else stack.enter_context(JobStore(tmp_path / "j", fsync="flush")))
+        w = stack.enter_context(Worker(source))
+        w.consumer("q", lambda p: p, valid_payload=lambda p: p != "bad")
+        w.put("q", "in an hour", delay=3600)
+        assert w.retry_errors("q") == 0  # nothing buried: the delayed job stays delayed
+        assert w.stats()["q"]["delayed"] == 1 and w.stats()["q"]["ready"] == 0
+        w.put("q", "bad")
+        with pytest.raises(PayloadError):
+            w.consume("q")  # buried
+        assert w.retry_errors("q") == 1
+        assert w.retry_errors("q") == 0
+        counts = w.stats()["q"]
+        assert (counts["ready"], counts["delayed"], counts["buried"]) == (1, 1, 0)

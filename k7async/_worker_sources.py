@@ -29,6 +29,7 @@ from k7core.workers._beanstalk import (
     release_steps,
     reserve_steps,
     take_steps,
+    touch_steps,
     watch_steps,
 )
 from k7core.workers._source import Deps, kick_buried, store_counts, view
@@ -48,7 +49,7 @@ class AsyncSession(Protocol):
     async def delete(self, job: JobView) -> None: ...
     async def release(self, job: JobView, delay: float, error: str | None) -> int: ...
     async def bury(self, job: JobView, error: str) -> int: ...
-    async def touch(self, job: JobView) -> None: ...
+    async def touch(self, job: JobView) -> float: ...
     async def take(self, job_id: int) -> JobView: ...
     async def aclose(self) -> None: ...
 
@@ -106,8 +107,9 @@ class _StoreSession:
         await self._source.call(lambda: self._owner.bury(job.id, error=error))
         return job.id
 
-    async def touch(self, job: JobView) -> None:
+    async def touch(self, job: JobView) -> float:
         self._owner.touch(job.id)  # not journaled: never waits
+        return job.ttr
 
     async def take(self, job_id: int) -> JobView:
         return view(await self._source.call(lambda: self._owner.reserve_job(job_id)))
@@ -197,8 +199,8 @@ class _InlineSession:
     async def bury(self, job: JobView, error: str) -> int:
         return self._s.bury(job, error)
 
-    async def touch(self, job: JobView) -> None:
-        self._s.touch(job)
+    async def touch(self, job: JobView) -> float:
+        return self._s.touch(job)
 
     async def take(self, job_id: int) -> JobView:
         return self._s.take(job_id)
@@ -286,8 +288,8 @@ class _BeanstalkSession:
     async def bury(self, job: JobView, error: str) -> int:
         return await drive(await self._connected(), bury_steps(job, error))
 
-    async def touch(self, job: JobView) -> None:
-        await (await self._connected()).touch(job.id)
+    async def touch(self, job: JobView) -> float:
+        return await drive(await self._connected(), touch_steps(job))
 
     async def take(self, job_id: int) -> JobView:
         return await drive(await self._connected(), take_steps(job_id, self._source.clock))

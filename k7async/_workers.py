@@ -34,6 +34,7 @@ from k7core.workers import (
 from k7core.workers._core import (
     DELETE,
     HEALTH_LIMIT,
+    WATCH_TICK,
     Consumer,
     Core,
     Handled,
@@ -295,13 +296,14 @@ class AsyncWorker:
     async def _watch(self) -> None:
         core = self._core
         next_check = time.monotonic()
+        wait = WATCH_TICK
         while True:
-            await anyio.sleep(0.5)
-            touch, slow = core.due()
+            await anyio.sleep(wait)
+            touch, slow, wait = core.due()
             for r in touch:
                 _, session = cast(tuple[anyio.TaskInfo, AsyncSession], r.where)
                 try:
-                    await session.touch(r.job)
+                    core.touched(r, await session.touch(r.job))
                 except Exception as exc:  # the job finished meanwhile
                     log.debug("touch of job %d: %s", r.job.id, exc)
             for r in slow:

@@ -27,6 +27,10 @@ class JobView(NamedTuple):
     errors: tuple[str, ...]
     """Recorded failure texts, newest last (bounded)."""
     created_at: float
+    ttr: float = 0.0
+    """Its own time-to-run (seconds), whoever put it: a running job is touched every third
+    of it. 0.0: not known yet (a beanstalkd server's reserve does not say; the first touch
+    asks)."""
 
 
 _new_view = cast(Callable[[type[JobView], tuple[Any, ...]], JobView], tuple.__new__)
@@ -36,7 +40,7 @@ the cost, once per job)."""
 
 def view(job: Job) -> JobView:
     return _new_view(JobView, (job.id, job.tube, job.body, job.priority, job.errors,
-                               job.created_at))
+                               job.created_at, job.ttr))
 
 
 Deps = Sequence[int | tuple[str, str]]
@@ -51,7 +55,8 @@ class Session(Protocol):
         """Back to ready after ``delay``; returns the job's id from now on."""
     def bury(self, job: JobView, error: str) -> int:
         """Aside until kicked; returns the job's id from now on."""
-    def touch(self, job: JobView) -> None: ...
+    def touch(self, job: JobView) -> float:
+        """Give the reserved ``job`` a full time-to-run again; returns its ttr."""
     def take(self, job_id: int) -> JobView:
         """Reserve this job whatever its state (beanstalkd's reserve-job)."""
     def close(self) -> None: ...
@@ -128,8 +133,9 @@ class StoreSession:
         self.owner.bury(job.id, error=error)
         return job.id
 
-    def touch(self, job: JobView) -> None:
+    def touch(self, job: JobView) -> float:
         self.owner.touch(job.id)
+        return job.ttr
 
     def take(self, job_id: int) -> JobView:
         return view(self.owner.reserve_job(job_id))
@@ -213,8 +219,9 @@ class MemorySession:
         m.apply_bury(*m.check_bury(job.id, self._me, job.priority, error))
         return job.id
 
-    def touch(self, job: JobView) -> None:
+    def touch(self, job: JobView) -> float:
         self._source.machine.touch(job.id, self._me, self._source.clock())
+        return job.ttr
 
     def take(self, job_id: int) -> JobView:
         m, now = self._source.machine, self._source.clock()

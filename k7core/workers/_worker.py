@@ -22,6 +22,7 @@ from ..jobs import JobStore
 from ._beanstalk import BeanstalkSource
 from ._core import (
     HEALTH_LIMIT,
+    WATCH_TICK,
     Consumer,
     Core,
     FailedJob,
@@ -271,12 +272,13 @@ class Worker(Resource):
     def _watch(self) -> None:
         core = self._core
         next_check = time.monotonic()
-        while not self._stopping.wait(0.5):
-            touch, slow = core.due()
+        wait = WATCH_TICK
+        while not self._stopping.wait(wait):
+            touch, slow, wait = core.due()
             for r in touch:
                 _, session = cast(tuple[int, Session], r.where)
                 try:
-                    session.touch(r.job)
+                    core.touched(r, session.touch(r.job))
                 except Exception as exc:  # the job finished meanwhile
                     log.debug("touch of job %d: %s", r.job.id, exc)
             for r in slow:

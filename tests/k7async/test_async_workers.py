@@ -210,3 +210,33 @@ async def test_retry_errors_kicks_buried_jobs_only_never_delayed_ones(tmp_path: 
         assert await w.retry_errors("q") == 0
         counts = (await w.stats())["q"]
         assert (counts["ready"], counts["delayed"], counts["buried"]) == (1, 1, 0)
+
+
+async def test_a_job_with_its_own_ttr_shorter_than_the_tubes_runs_once(tmp_path: Path
+                                                                       ) -> None:
+    """Touches follow the job's own ttr (3 s, put by another client), not the tube's 60."""
+    clock = ManualClock()
+    runs: list[Any] = []
+    running, finish = anyio.Event(), anyio.Event()
+    async with k7async.open_jobs(tmp_path / "j", fsync="flush", clock=clock) as store, \
+            k7async.AsyncWorker(store, clock=clock) as w:
+        @w.consumer("t", concurrency=2)
+        async def c(p: int) -> None:
+            runs.append(p)
+            running.set()
+            await finish.wait()
+
+        job_id = await store.put(b"7", tube="t", ttr=3)
+        with anyio.fail_after(30):
+            await running.wait()
+            for _ in range(9):  # three times its ttr, a third of it at a time
+                first = store.store.peek(job_id)
+                assert first is not None
+                clock.advance(1.0)
+                while (now := store.store.peek(job_id)) is not None and \
+                        now.ready_at == first.ready_at:
+                    await anyio.sleep(0.005)  # the watch task touches it
+                assert now is not None and now.state == "reserved"
+                assert (now.reserves, now.timeouts) == (1, 0), "its ttr ran out"
+        finish.set()
+    assert runs == [7]

@@ -9,11 +9,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
 
 import k7async
@@ -203,3 +205,66 @@ async def test_async_retry_errors_kicks_buried_jobs_only(server: ServerProcess,
         _bury_one(server, "q")
         assert await w.retry_errors("q") == 1
         assert _states(server, "q") == (1, 1, 0)
+
+
+def _held_past(server: ServerProcess, job_id: int, seconds: int) -> None:
+    """Wait (bounded) until job ``job_id`` is ``seconds`` old on the server, checking all
+    along that it stayed reserved once, without a timeout (the server's clock is real)."""
+    with Client(("127.0.0.1", server.port), timeout=30) as c:
+        deadline = time.monotonic() + 60
+        while True:
+            st = c.stats_job(job_id)
+            assert (st["state"], st["reserves"], st["timeouts"]) == ("reserved", 1, 0), st
+            if int(st["age"]) >= seconds:
+                return
+            assert time.monotonic() < deadline
+            threading.Event().wait(0.05)
+
+
+def _put_with_ttr(server: ServerProcess, ttr: int) -> int:
+    with Client(("127.0.0.1", server.port)) as c:  # another client's job, its own ttr
+        c.use("t")
+        return c.put(b"7", ttr=ttr)
+
+
+def test_a_job_with_its_own_ttr_shorter_than_the_tubes_runs_once(server: ServerProcess
+                                                                 ) -> None:
+    runs: list[int] = []
+    running, finish = threading.Event(), threading.Event()
+    with Worker(address(server)) as w:  # the tube's ttr: the default 60 s, touches at 20 s
+        @w.consumer("t", concurrency=2)
+        def c(p: int) -> None:
+            runs.append(p)
+            running.set()
+            finish.wait(60)
+
+        job_id = _put_with_ttr(server, 2)
+        assert running.wait(30)
+        try:
+            _held_past(server, job_id, 5)  # 2.5 times its ttr
+        finally:
+            finish.set()
+    assert runs == [7]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_async_a_job_with_its_own_ttr_runs_once(server: ServerProcess,
+                                                      anyio_backend: str) -> None:
+    runs: list[int] = []
+    running, finish = anyio.Event(), anyio.Event()
+    async with k7async.AsyncWorker(address(server)) as w:
+        @w.consumer("t", concurrency=2)
+        async def c(p: int) -> None:
+            runs.append(p)
+            running.set()
+            await finish.wait()
+
+        job_id = _put_with_ttr(server, 2)
+        with anyio.fail_after(30):
+            await running.wait()
+        try:
+            await anyio.to_thread.run_sync(_held_past, server, job_id, 5)
+        finally:
+            finish.set()
+    assert runs == [7]

@@ -7,6 +7,7 @@ import contextlib
 import contextvars
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -496,3 +497,36 @@ def test_retry_errors_kicks_buried_jobs_only_never_delayed_ones(kind: str, tmp_p
         assert w.retry_errors("q") == 0
         counts = w.stats()["q"]
         assert (counts["ready"], counts["delayed"], counts["buried"]) == (1, 1, 0)
+
+
+def test_a_job_with_its_own_ttr_shorter_than_the_tubes_runs_once(tmp_path: Path) -> None:
+    """The job's own ttr (put by another client) sets its touches, not the tube's option:
+    under the default 60 s the worker touched every 20 s, and a job put with ttr=3 ran
+    out in a live worker and ran again in the other slot."""
+    clock = ManualClock(1_000_000.0)
+    with JobStore(tmp_path / "j", clock=clock) as store:
+        runs: list[Any] = []
+        running, finish = threading.Event(), threading.Event()
+        w = Worker(store, clock=clock)  # the tube's ttr: the default 60 s
+
+        @w.consumer("t", concurrency=2)
+        def c(p: int) -> None:
+            runs.append(p)
+            running.set()
+            finish.wait(30)
+
+        with w:
+            job_id = store.put(b"7", tube="t", ttr=3)
+            assert running.wait(30)
+            for _ in range(9):  # three times its ttr, a third of it at a time
+                first = store.peek(job_id)
+                assert first is not None
+                clock.advance(1.0)
+                deadline = time.monotonic() + 30
+                while (now := store.peek(job_id)) is not None and \
+                        now.ready_at == first.ready_at and time.monotonic() < deadline:
+                    threading.Event().wait(0.005)  # the watch thread touches it
+                assert now is not None and now.state == "reserved"
+                assert (now.reserves, now.timeouts) == (1, 0), "its ttr ran out"
+            finish.set()
+        assert runs == [7]

@@ -23,6 +23,7 @@ from k7core.workers._beanstalk import (
     buried_steps,
     bury_steps,
     counts_steps,
+    exists_steps,
     kick_steps,
     no_store_feature,
     put_steps,
@@ -62,6 +63,7 @@ class AsyncSource(Protocol):
                   key: str | None, depends_on: Deps, group: str | None = None) -> int: ...
     async def buried(self, tube: str, limit: int | None = None) -> list[JobView]: ...
     async def kick(self, tube: str, bound: int) -> int: ...
+    async def exists(self, job_id: int) -> bool: ...
     async def counts(self) -> dict[str, dict[str, int]]: ...
     async def group_progress(self, tube: str, group: str) -> dict[str, int]: ...
     async def forget_group(self, tube: str, group: str) -> bool: ...
@@ -165,6 +167,9 @@ class AsyncStoreSource:
     async def kick(self, tube: str, bound: int) -> int:
         return await self.call(lambda: kick_buried(self._store, tube, bound))
 
+    async def exists(self, job_id: int) -> bool:
+        return self._store.peek(job_id) is not None
+
     async def counts(self) -> dict[str, dict[str, int]]:
         return store_counts(self._store)
 
@@ -229,6 +234,9 @@ class InlineSource:
 
     async def kick(self, tube: str, bound: int) -> int:
         return self.source.kick(tube, bound)
+
+    async def exists(self, job_id: int) -> bool:
+        return self.source.exists(job_id)
 
     async def counts(self) -> dict[str, dict[str, int]]:
         return self.source.counts()
@@ -331,6 +339,9 @@ class AsyncBeanstalkSource:
 
     async def kick(self, tube: str, bound: int) -> int:
         return await self._run(kick_steps(tube, bound))
+
+    async def exists(self, job_id: int) -> bool:
+        return await self._run(exists_steps(job_id))
 
     async def counts(self) -> dict[str, dict[str, int]]:
         return await self._run(counts_steps())

@@ -198,6 +198,14 @@ def kick_steps(tube: str, bound: int) -> Steps[int]:
     return kicked
 
 
+def exists_steps(job_id: int) -> Steps[bool]:
+    try:
+        yield calls.stats_job(job_id)
+    except JobNotFoundError:
+        return False
+    return True
+
+
 def counts_steps() -> Steps[dict[str, dict[str, int]]]:
     out = {}
     for tube in (yield calls.list_tubes()):
@@ -274,6 +282,9 @@ class BeanstalkSource:
 
     def kick(self, tube: str, bound: int) -> int:
         return self._run(kick_steps(tube, bound))
+
+    def exists(self, job_id: int) -> bool:
+        return self._run(exists_steps(job_id))
 
     def counts(self) -> dict[str, dict[str, int]]:
         return self._run(counts_steps())

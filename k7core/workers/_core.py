@@ -42,6 +42,11 @@ HEALTH_LIMIT = 100
 MIN_TTR = 1.0
 """The shortest time-to-run (beanstalkd's and the job store's: a shorter one becomes 1 s);
 a running job whose ttr is not known yet is touched as if it had this one."""
+STOPS = (SystemExit, KeyboardInterrupt)
+"""What a consumer raises to stop its worker (not a failure of the job): the job is released,
+ready again at once, the worker stops and raises it from ``join``, ``stop`` or ``close``
+(``Worker``), or from the ``async with`` (``AsyncWorker``). Any other exception, even a
+BaseException, is a failure of the job."""
 WATCH_TICK = 0.25
 """Longest sleep of the watch (seconds): below a third of MIN_TTR, so that a job that just
 began is touched in time."""
@@ -372,11 +377,21 @@ class Core(Generic[F]):
             payload = job.body
         return FailedJob(job.id, job.tube, payload, job.errors, job.created_at)
 
-    def check_health(self, buried: dict[str, list[JobView]]) -> bool:
+    def health_suspects(self, buried: dict[str, list[JobView]]
+                        ) -> list[tuple[str, int]] | None:
+        """A health check's first step (:meth:`Monitor.suspects`): ``buried``, per tube its
+        oldest buried jobs; None, or the jobs whose presence in the store decides."""
         with self._lock:
-            return self.monitor.check(
-                self.clock(), {t: [(j.id, j.created_at) for j in jobs]
-                               for t, jobs in buried.items()}, self._slow())
+            return self.monitor.suspects(self.clock(), {t: [(j.id, j.created_at) for j in jobs]
+                                                        for t, jobs in buried.items()})
+
+    def settle_health(self, suspects: list[tuple[str, int]] | None, present: list[bool]
+                      ) -> bool:
+        """The verdict: ``present``, whether each of the first suspects is still in the
+        store (asked in order, up to the first that is)."""
+        gone = [s for s, here in zip(suspects or (), present, strict=False) if not here]
+        with self._lock:
+            return self.monitor.settle(gone, suspects is None or any(present), self._slow())
 
     def _slow(self) -> bool:
         now = self.clock()

@@ -2,8 +2,11 @@
 
 yoltq's ``retry-stats``, ``processing-time-stats`` and ``healthy?``: per tube, jobs done,
 retries and jobs given up; run times over a sliding window; and health, which is False
-while a tube has a failing job (retrying, or buried by this worker) older than
-``healthy_allowed_error_time``, or a job has run past its ``max_execute_time``.
+while a failing job created more than ``healthy_allowed_error_time`` ago is still in the
+store (buried there, or one this worker saw fail and not yet done: retrying here or in any
+other worker), or a job has run past its ``max_execute_time``. As yoltq's, health follows
+the jobs' state, not this worker's memory: a job that failed here and was then done by
+another worker (or deleted) no longer counts, whichever worker did it.
 """
 
 from __future__ import annotations
@@ -99,19 +102,31 @@ class Monitor:
         """A failing job left the worker's hands (kicked and done elsewhere, deleted)."""
         self._failing.get(tube, {}).pop(job_id, None)
 
-    def check(self, now: float, buried: dict[str, list[tuple[int, float]]],
-              slow: bool) -> bool:
-        """Judge health now. ``buried``: per tube, (id, created_at) of its buried jobs as
-        the store has them (it replaces what this worker remembers of buried jobs);
-        ``slow``: a job runs past its max_execute_time."""
+    def suspects(self, now: float, buried: dict[str, list[tuple[int, float]]]
+                 ) -> list[tuple[str, int]] | None:
+        """The first step of a health check. ``buried``: per tube, (id, created_at) of its
+        buried jobs as the store has them now. None when one of them is old enough to make
+        the worker unhealthy; else the remembered failing jobs old enough, oldest first:
+        ask the store whether each is still there (the first that is makes the worker
+        unhealthy), then :meth:`settle`."""
+        limit = now - self.allowed_error_time
         for tube, jobs in buried.items():
             failing = self._failing.setdefault(tube, {})
             for job_id, created in jobs:
                 failing[job_id] = created
-        limit = now - self.allowed_error_time
-        old = any(created <= limit for failing in self._failing.values()
-                  for created in failing.values())
-        self._checked = not (old or slow)
+                if created <= limit:
+                    return None
+        old = [(created, tube, job_id) for tube, failing in self._failing.items()
+               for job_id, created in failing.items() if created <= limit]
+        return [(tube, job_id) for _, tube, job_id in sorted(old)]
+
+    def settle(self, gone: list[tuple[str, int]], failing: bool, slow: bool) -> bool:
+        """Judge health now: ``gone``, suspects no longer in the store (done or deleted
+        somewhere: forgotten); ``failing``, a suspect is still there (or an old job is
+        buried); ``slow``, a job runs past its max_execute_time."""
+        for tube, job_id in gone:
+            self.forget(tube, job_id)
+        self._checked = not (failing or slow)
         return self._checked
 
     def healthy(self, now: float) -> bool | None:

@@ -72,6 +72,9 @@ class Source(Protocol):
         """Make up to ``bound`` buried jobs of ``tube`` ready, oldest buried first; never a
         delayed one (beanstalkd's ``kick`` kicks delayed jobs when none is buried: a job
         due in an hour would run now). Returns how many."""
+    def exists(self, job_id: int) -> bool:
+        """Whether job ``job_id`` is still in the store, in any state (not done, not
+        deleted): the health check asks it of jobs it saw fail."""
     def counts(self) -> dict[str, dict[str, int]]:
         """Per tube, live jobs by state."""
     def group_progress(self, tube: str, group: str) -> dict[str, int]:
@@ -163,6 +166,9 @@ class StoreSource:
 
     def kick(self, tube: str, bound: int) -> int:
         return kick_buried(self.store, tube, bound)
+
+    def exists(self, job_id: int) -> bool:
+        return self.store.peek(job_id) is not None
 
     def counts(self) -> dict[str, dict[str, int]]:
         return store_counts(self.store)
@@ -265,6 +271,9 @@ class MemorySource:
         for job in jobs:
             self.machine.apply_kick(job.id)
         return len(jobs)
+
+    def exists(self, job_id: int) -> bool:
+        return self.machine.peek(job_id) is not None
 
     def counts(self) -> dict[str, dict[str, int]]:
         self.machine.advance(self.clock())

@@ -240,3 +240,75 @@ async def test_a_job_with_its_own_ttr_shorter_than_the_tubes_runs_once(tmp_path:
                 assert (now.reserves, now.timeouts) == (1, 0), "its ttr ran out"
         finish.set()
     assert runs == [7]
+
+
+async def test_health_recovers_when_the_job_that_failed_here_is_done_elsewhere() -> None:
+    clock = ManualClock()
+    source = MemorySource(clock)
+    async with k7async.AsyncWorker(source, grace=0.0, allowed_error_time=900.0,
+                                   backoff=Backoff(base=1.0, jitter=0.0)) as a, \
+            k7async.AsyncWorker(source, grace=0.0) as b:
+        a.consumer("q", _fail)
+        b.consumer("q", _echo)
+        await a.put("q", 1)
+        with pytest.raises(ZeroDivisionError):
+            await a.consume("q")
+        clock.advance(901)
+        assert await a.check_health() is False
+        assert await b.consume("q") == 1
+        assert await a.check_health() is True and a.healthy() is True
+
+
+async def _echo(p: Any) -> Any:
+    return p
+
+
+async def _fail(p: Any) -> Any:
+    return 1 / 0
+
+
+class Odd(BaseException):
+    """Not an Exception, not a request to stop, not a cancellation."""
+
+
+async def test_a_consumer_raising_systemexit_stops_the_worker_and_exit_raises_it(
+        tmp_path: Path) -> None:
+    async def c(p: int) -> None:
+        raise SystemExit(3)
+
+    async with k7async.open_jobs(tmp_path / "j", fsync="flush") as store:
+        w = k7async.AsyncWorker(store)
+        w.consumer("t", c)
+        with pytest.raises(SystemExit) as raised:
+            async with w:
+                job_id = await w.put("t", 1)
+                with anyio.fail_after(30):
+                    await anyio.sleep_forever()  # ended by the worker's stop
+        assert raised.value.code == 3
+        job = store.store.peek(job_id)
+        assert job is not None and job.state == "ready" and not job.errors  # released
+        assert w.running() == {} and w.retry_stats() == {}
+
+
+async def test_another_base_exception_is_a_failure_and_the_task_goes_on(tmp_path: Path
+                                                                        ) -> None:
+    done = anyio.Event()
+
+    async def c(p: int) -> None:
+        if p == 1:
+            raise Odd("odd")
+        done.set()
+
+    async with k7async.open_jobs(tmp_path / "j", fsync="flush") as store:
+        async with k7async.AsyncWorker(store, backoff=Backoff(base=60.0)) as w:
+            w.consumer("t", c)
+            first = await w.put("t", 1, priority=0)
+            await w.put("t", 2, priority=1)
+            with anyio.fail_after(30):
+                await done.wait()
+            assert w.running() == {}
+        job = store.store.peek(first)
+        assert job is not None and job.state == "delayed"
+        head = job.errors[0].splitlines()[0]
+        assert head.startswith("#1 ") and head.endswith("Odd: odd")
+        assert w.retry_stats()["t"]["failures"] == 1

@@ -268,3 +268,22 @@ async def test_async_a_job_with_its_own_ttr_runs_once(server: ServerProcess,
         finally:
             finish.set()
     assert runs == [7]
+
+
+def test_health_recovers_when_the_job_that_failed_here_is_done_by_another_worker(
+        server: ServerProcess) -> None:
+    a = Worker(address(server), grace=0.0, allowed_error_time=0.0,
+               backoff=Backoff(base=0.0, cap=0.0))
+    b = Worker(address(server), grace=0.0)
+    try:
+        a.consumer("q", lambda p: 1 / 0)
+        b.consumer("q", lambda p: "done")
+        a.put("q", 1)
+        with pytest.raises(ZeroDivisionError):
+            a.consume("q")  # put again under a new id, with its error
+        assert a.check_health() is False  # failing (for longer than 0 s)
+        assert b.consume("q") == "done"
+        assert a.check_health() is True
+    finally:
+        a.close()
+        b.close()

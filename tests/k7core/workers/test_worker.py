@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -530,3 +531,68 @@ def test_a_job_with_its_own_ttr_shorter_than_the_tubes_runs_once(tmp_path: Path)
                 assert (now.reserves, now.timeouts) == (1, 0), "its ttr ran out"
             finish.set()
         assert runs == [7]
+
+
+@pytest.mark.parametrize("kind", ["memory", "store"])
+def test_health_recovers_when_the_job_that_failed_here_is_done_by_another_worker(
+        kind: str, tmp_path: Path) -> None:
+    clock = ManualClock()
+    with contextlib.ExitStack() as stack:
+        source: JobStore | MemorySource = (
+            MemorySource(clock) if kind == "memory"
+            else stack.enter_context(JobStore(tmp_path / "j", fsync="flush", clock=clock)))
+        a = Worker(source, clock=clock, grace=0.0, allowed_error_time=900.0,
+                   backoff=Backoff(base=1.0, jitter=0.0))
+        b = Worker(source, clock=clock, grace=0.0, allowed_error_time=900.0)
+        a.consumer("q", lambda p: 1 / 0)
+        b.consumer("q", lambda p: "done")
+        a.put("q", 1)
+        with pytest.raises(ZeroDivisionError):
+            a.consume("q")  # failed here: retrying
+        assert a.check_health() is True  # not for long yet
+        clock.advance(901)
+        assert a.check_health() is False  # failing for more than allowed_error_time
+        assert b.consume("q") == "done"  # done by the other worker
+        assert a.check_health() is True and a.healthy() is True
+        assert b.check_health() is True
+
+
+class Odd(BaseException):
+    """Not an Exception, not a request to stop."""
+
+
+def test_a_consumer_raising_systemexit_stops_the_worker_and_join_raises_it(
+        store: JobStore) -> None:
+    w = Worker(store)
+    w.consumer("t", lambda p: sys.exit(3))
+    with w:
+        job_id = w.put("t", 1)
+        with pytest.raises(SystemExit) as raised:
+            w.join(30)
+        assert raised.value.code == 3
+    job = store.peek(job_id)
+    assert job is not None and job.state == "ready" and not job.errors  # released
+    assert w.running() == {} and w.retry_stats() == {}  # not a failure, not running
+    assert w.join(0) is True  # raised once
+
+
+def test_another_base_exception_is_a_failure_and_the_slot_goes_on(store: JobStore) -> None:
+    done = threading.Event()
+
+    def c(p: int) -> None:
+        if p == 1:
+            raise Odd("odd")
+        done.set()
+
+    w = Worker(store, backoff=Backoff(base=60.0))
+    w.consumer("t", c)
+    with w:
+        first = w.put("t", 1, priority=0)
+        w.put("t", 2, priority=1)
+        assert done.wait(30)  # the same slot ran the next job
+        assert w.running() == {}
+    job = store.peek(first)
+    assert job is not None and job.state == "delayed"
+    head = job.errors[0].splitlines()[0]
+    assert head.startswith("#1 ") and head.endswith("Odd: odd")
+    assert w.retry_stats()["t"]["failures"] == 1

@@ -404,12 +404,7 @@ class AsyncWorker:
         tubes = core.all_tubes(await source.counts())
         suspects = core.health_suspects({t: await source.buried(t, HEALTH_LIMIT)
                                          for t in tubes})
-        present: list[bool] = []
-        for _, job_id in suspects or ():
-            present.append(await source.exists(job_id))
-            if present[-1]:
-                break
-        return core.settle_health(suspects, present)
+        return core.settle_health(suspects, [await source.exists(i) for _, i in suspects.jobs])
 
     def running(self) -> dict[str, int]:
         """:meth:`k7core.workers.Worker.running`."""

@@ -20,7 +20,7 @@ from typing import Any, Generic, NamedTuple, TypedDict, TypeVar, cast
 
 from .._errors import K7Error
 from ._codec import MAGIC, Codec, PayloadError, codec, encode_body, unpack
-from ._monitor import Monitor
+from ._monitor import Monitor, Suspects
 from ._policy import (
     Action,
     Backoff,
@@ -38,7 +38,8 @@ from ._source import Deps, JobView
 
 log = logging.getLogger("k7core.workers")
 HEALTH_LIMIT = 100
-"""Buried jobs per tube a health check looks at (the oldest buried)."""
+"""Buried jobs per tube a health check looks at (the oldest buried), and remembered failing
+jobs it asks the store about (the oldest)."""
 MIN_TTR = 1.0
 """The shortest time-to-run (beanstalkd's and the job store's: a shorter one becomes 1 s);
 a running job whose ttr is not known yet is touched as if it had this one."""
@@ -377,21 +378,18 @@ class Core(Generic[F]):
             payload = job.body
         return FailedJob(job.id, job.tube, payload, job.errors, job.created_at)
 
-    def health_suspects(self, buried: dict[str, list[JobView]]
-                        ) -> list[tuple[str, int]] | None:
+    def health_suspects(self, buried: dict[str, list[JobView]]) -> Suspects:
         """A health check's first step (:meth:`Monitor.suspects`): ``buried``, per tube its
-        oldest buried jobs; None, or the jobs whose presence in the store decides."""
+        oldest buried jobs; the face then asks the store about each of ``jobs``."""
         with self._lock:
             return self.monitor.suspects(self.clock(), {t: [(j.id, j.created_at) for j in jobs]
-                                                        for t, jobs in buried.items()})
+                                                        for t, jobs in buried.items()},
+                                         HEALTH_LIMIT)
 
-    def settle_health(self, suspects: list[tuple[str, int]] | None, present: list[bool]
-                      ) -> bool:
-        """The verdict: ``present``, whether each of the first suspects is still in the
-        store (asked in order, up to the first that is)."""
-        gone = [s for s, here in zip(suspects or (), present, strict=False) if not here]
+    def settle_health(self, suspects: Suspects, present: Sequence[bool]) -> bool:
+        """The verdict: ``present``, whether each of ``suspects.jobs`` is in the store."""
         with self._lock:
-            return self.monitor.settle(gone, suspects is None or any(present), self._slow())
+            return self.monitor.settle(suspects, present, self._slow())
 
     def _slow(self) -> bool:
         now = self.clock()

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass
@@ -44,6 +46,15 @@ class TubeCounts:
 def percentile(sorted_values: list[float], p: float) -> float:
     """The nearest-rank percentile ``p`` (0-100) of a non-empty sorted list (yoltq's)."""
     return sorted_values[min(len(sorted_values) - 1, math.floor(len(sorted_values) * p / 100))]
+
+
+class Suspects(NamedTuple):
+    """What a health check must ask the store (:meth:`Monitor.suspects`)."""
+
+    buried_old: bool
+    """A job created more than allowed_error_time ago is buried now: unhealthy."""
+    jobs: list[tuple[str, int]]
+    """(tube, id) of remembered failing jobs that old, not buried now, oldest first."""
 
 
 @dataclass
@@ -102,31 +113,35 @@ class Monitor:
         """A failing job left the worker's hands (kicked and done elsewhere, deleted)."""
         self._failing.get(tube, {}).pop(job_id, None)
 
-    def suspects(self, now: float, buried: dict[str, list[tuple[int, float]]]
-                 ) -> list[tuple[str, int]] | None:
-        """The first step of a health check. ``buried``: per tube, (id, created_at) of its
-        buried jobs as the store has them now. None when one of them is old enough to make
-        the worker unhealthy; else the remembered failing jobs old enough, oldest first:
-        ask the store whether each is still there (the first that is makes the worker
-        unhealthy), then :meth:`settle`."""
-        limit = now - self.allowed_error_time
+    def suspects(self, now: float, buried: dict[str, list[tuple[int, float]]], limit: int
+                 ) -> Suspects:
+        """A health check's first step. ``buried``: per tube, (id, created_at) of its buried
+        jobs as the store has them now (remembered as failing). Returns whether one of them
+        is old enough to make the worker unhealthy, and the other remembered failing jobs
+        old enough (the oldest ``limit``): ask the store whether each is still there, then
+        :meth:`settle`."""
+        old = now - self.allowed_error_time
+        buried_old = False
+        known = set()
         for tube, jobs in buried.items():
             failing = self._failing.setdefault(tube, {})
             for job_id, created in jobs:
                 failing[job_id] = created
-                if created <= limit:
-                    return None
-        old = [(created, tube, job_id) for tube, failing in self._failing.items()
-               for job_id, created in failing.items() if created <= limit]
-        return [(tube, job_id) for _, tube, job_id in sorted(old)]
+                known.add((tube, job_id))
+                buried_old = buried_old or created <= old
+        ask = sorted((created, tube, job_id) for tube, failing in self._failing.items()
+                     for job_id, created in failing.items()
+                     if created <= old and (tube, job_id) not in known)
+        return Suspects(buried_old, [(tube, job_id) for _, tube, job_id in ask[:limit]])
 
-    def settle(self, gone: list[tuple[str, int]], failing: bool, slow: bool) -> bool:
-        """Judge health now: ``gone``, suspects no longer in the store (done or deleted
-        somewhere: forgotten); ``failing``, a suspect is still there (or an old job is
-        buried); ``slow``, a job runs past its max_execute_time."""
-        for tube, job_id in gone:
-            self.forget(tube, job_id)
-        self._checked = not (failing or slow)
+    def settle(self, suspects: Suspects, present: Sequence[bool], slow: bool) -> bool:
+        """Judge health now: ``present``, whether each of ``suspects.jobs`` is still in the
+        store (those that are not were done or deleted somewhere: forgotten); ``slow``, a
+        job runs past its max_execute_time."""
+        for (tube, job_id), here in zip(suspects.jobs, present, strict=True):
+            if not here:
+                self.forget(tube, job_id)
+        self._checked = not (suspects.buried_old or any(present) or slow)
         return self._checked
 
     def healthy(self, now: float) -> bool | None:

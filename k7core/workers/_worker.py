@@ -403,12 +403,7 @@ class Worker(Resource):
         core, source = self._core, self._source
         tubes = core.all_tubes(source.counts())
         suspects = core.health_suspects({t: source.buried(t, HEALTH_LIMIT) for t in tubes})
-        present: list[bool] = []
-        for _, job_id in suspects or ():
-            present.append(source.exists(job_id))
-            if present[-1]:
-                break
-        return core.settle_health(suspects, present)
+        return core.settle_health(suspects, [source.exists(i) for _, i in suspects.jobs])
 
     def running(self) -> dict[str, int]:
         """Per tube, jobs running now."""

@@ -169,13 +169,8 @@ def test_processing_times_cover_the_window_only() -> None:
 def check(m: Monitor, now: float, buried: dict[str, list[tuple[int, float]]], *,
           slow: bool = False, gone: frozenset[int] = frozenset()) -> bool:
     """A health check as the faces run it; ``gone``: job ids no longer in the store."""
-    suspects = m.suspects(now, buried)
-    out: list[tuple[str, int]] = []
-    for tube, job_id in suspects or ():
-        if job_id not in gone:
-            return m.settle(out, True, slow)
-        out.append((tube, job_id))
-    return m.settle(out, suspects is None, slow)
+    suspects = m.suspects(now, buried, 100)
+    return m.settle(suspects, [job_id not in gone for _, job_id in suspects.jobs], slow)
 
 
 def test_health_is_none_then_true_in_grace_then_follows_old_failures() -> None:
@@ -202,17 +197,20 @@ def test_a_failing_job_done_elsewhere_no_longer_counts() -> None:
     m = Monitor(grace=0.0, allowed_error_time=10.0)
     m.failed("t", 1, created_at=0.0)
     m.failed("t", 2, created_at=5.0)
-    assert m.suspects(100.0, {}) == [("t", 1), ("t", 2)]  # oldest first
+    m.failed("t", 3, created_at=95.0)
+    assert m.suspects(100.0, {}, 100) == (False, [("t", 1), ("t", 2)])  # old ones, oldest first
+    assert m.suspects(100.0, {}, 1).jobs == [("t", 1)]  # the oldest `limit`
     assert check(m, 100.0, {}) is False  # both still in the store
     assert check(m, 100.0, {}, gone=frozenset({1})) is False  # 2 still is
-    assert m.suspects(100.0, {}) == [("t", 2)]  # 1 was forgotten
+    assert m.suspects(100.0, {}, 100).jobs == [("t", 2)]  # 1 was forgotten
     assert check(m, 100.0, {}, gone=frozenset({2})) is True
-    assert m.suspects(100.0, {}) == []
+    assert m.suspects(100.0, {}, 100).jobs == []
+    assert check(m, 200.0, {}) is False  # 3 is old now
 
 
 def test_buried_jobs_the_store_reports_count_for_health() -> None:
     m = Monitor(grace=0.0, allowed_error_time=10.0)
-    assert m.suspects(100.0, {"t": [(5, 50.0)]}) is None  # buried now: no need to ask
+    assert m.suspects(100.0, {"t": [(5, 50.0)]}, 100) == (True, [])  # buried: not asked
     assert check(m, 100.0, {"t": [(5, 50.0)]}) is False
     assert check(m, 100.0, {"t": [(6, 95.0)]}) is False  # 5 may still be there
     assert check(m, 100.0, {"t": [(6, 95.0)]}, gone=frozenset({5})) is True  # kicked, done

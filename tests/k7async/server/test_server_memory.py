@@ -93,6 +93,8 @@ def test_input_sent_while_a_reserve_waits_is_not_read_without_limit(
         job_id = c.put(b"now")  # the reserve still answers
         assert wire.line() == b"RESERVED %d 3" % job_id
         assert wire.body(3) == b"now"
+        for _ in range(3):  # then the puts sent behind it are read and run
+            assert wire.line().startswith(b"INSERTED ")
     wire.sock.close()
 
 

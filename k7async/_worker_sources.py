@@ -23,15 +23,17 @@ from k7core.workers._beanstalk import (
     buried_steps,
     bury_steps,
     counts_steps,
+    exists_steps,
     kick_steps,
     no_store_feature,
     put_steps,
     release_steps,
     reserve_steps,
     take_steps,
+    touch_steps,
     watch_steps,
 )
-from k7core.workers._source import Deps, store_counts, view
+from k7core.workers._source import Deps, kick_buried, store_counts, view
 
 from ._bridge import post
 from ._jobs import AsyncJobStore
@@ -48,7 +50,7 @@ class AsyncSession(Protocol):
     async def delete(self, job: JobView) -> None: ...
     async def release(self, job: JobView, delay: float, error: str | None) -> int: ...
     async def bury(self, job: JobView, error: str) -> int: ...
-    async def touch(self, job: JobView) -> None: ...
+    async def touch(self, job: JobView) -> float: ...
     async def take(self, job_id: int) -> JobView: ...
     async def aclose(self) -> None: ...
 
@@ -61,6 +63,7 @@ class AsyncSource(Protocol):
                   key: str | None, depends_on: Deps, group: str | None = None) -> int: ...
     async def buried(self, tube: str, limit: int | None = None) -> list[JobView]: ...
     async def kick(self, tube: str, bound: int) -> int: ...
+    async def exists(self, job_id: int) -> bool: ...
     async def counts(self) -> dict[str, dict[str, int]]: ...
     async def group_progress(self, tube: str, group: str) -> dict[str, int]: ...
     async def forget_group(self, tube: str, group: str) -> bool: ...
@@ -106,8 +109,9 @@ class _StoreSession:
         await self._source.call(lambda: self._owner.bury(job.id, error=error))
         return job.id
 
-    async def touch(self, job: JobView) -> None:
+    async def touch(self, job: JobView) -> float:
         self._owner.touch(job.id)  # not journaled: never waits
+        return job.ttr
 
     async def take(self, job_id: int) -> JobView:
         return view(await self._source.call(lambda: self._owner.reserve_job(job_id)))
@@ -161,7 +165,10 @@ class AsyncStoreSource:
         return [view(j) for j in self._store.errors(tube)[:limit]]
 
     async def kick(self, tube: str, bound: int) -> int:
-        return await self.call(lambda: self._store.kick(tube, bound))
+        return await self.call(lambda: kick_buried(self._store, tube, bound))
+
+    async def exists(self, job_id: int) -> bool:
+        return self._store.peek(job_id) is not None
 
     async def counts(self) -> dict[str, dict[str, int]]:
         return store_counts(self._store)
@@ -197,8 +204,8 @@ class _InlineSession:
     async def bury(self, job: JobView, error: str) -> int:
         return self._s.bury(job, error)
 
-    async def touch(self, job: JobView) -> None:
-        self._s.touch(job)
+    async def touch(self, job: JobView) -> float:
+        return self._s.touch(job)
 
     async def take(self, job_id: int) -> JobView:
         return self._s.take(job_id)
@@ -227,6 +234,9 @@ class InlineSource:
 
     async def kick(self, tube: str, bound: int) -> int:
         return self.source.kick(tube, bound)
+
+    async def exists(self, job_id: int) -> bool:
+        return self.source.exists(job_id)
 
     async def counts(self) -> dict[str, dict[str, int]]:
         return self.source.counts()
@@ -286,8 +296,8 @@ class _BeanstalkSession:
     async def bury(self, job: JobView, error: str) -> int:
         return await drive(await self._connected(), bury_steps(job, error))
 
-    async def touch(self, job: JobView) -> None:
-        await (await self._connected()).touch(job.id)
+    async def touch(self, job: JobView) -> float:
+        return await drive(await self._connected(), touch_steps(job))
 
     async def take(self, job_id: int) -> JobView:
         return await drive(await self._connected(), take_steps(job_id, self._source.clock))
@@ -329,6 +339,9 @@ class AsyncBeanstalkSource:
 
     async def kick(self, tube: str, bound: int) -> int:
         return await self._run(kick_steps(tube, bound))
+
+    async def exists(self, job_id: int) -> bool:
+        return await self._run(exists_steps(job_id))
 
     async def counts(self) -> dict[str, dict[str, int]]:
         return await self._run(counts_steps())

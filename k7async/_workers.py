@@ -34,6 +34,8 @@ from k7core.workers import (
 from k7core.workers._core import (
     DELETE,
     HEALTH_LIMIT,
+    STOPS,
+    WATCH_TICK,
     Consumer,
     Core,
     Handled,
@@ -42,7 +44,7 @@ from k7core.workers._core import (
 )
 from k7core.workers._monitor import Monitor
 from k7core.workers._policy import Action, Defer, Delete, Retry
-from k7core.workers._source import Deps
+from k7core.workers._source import ALL, Deps
 
 from ._bridge import SCHEDULE_EVERY
 from ._jobs import AsyncJobStore
@@ -124,6 +126,7 @@ class AsyncWorker:
         self._waiting: set[anyio.CancelScope] = set()
         self._slots = 0
         self._idle = anyio.Event()
+        self._fatal: BaseException | None = None  # a consumer's SystemExit, raised at exit
 
     # --- life ---------------------------------------------------------------------------
 
@@ -151,16 +154,20 @@ class AsyncWorker:
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> bool | None:
         try:
+            suppress = None
             if self._tg is not None:
                 await self.stop()
-                return await self._tg.__aexit__(exc_type, exc, tb)
-            return None
+                suppress = await self._tg.__aexit__(exc_type, exc, tb)
         finally:
             self._tg = None
             if self._source is not None:
                 source, self._source = self._source, None
                 with anyio.CancelScope(shield=True):
                     await source.aclose()
+        fatal, self._fatal = self._fatal, None
+        if fatal is not None:
+            raise fatal
+        return suppress
 
     def _spawn(self, consumer: Consumer[AsyncConsumer]) -> None:
         assert self._tg is not None
@@ -253,10 +260,23 @@ class AsyncWorker:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await session.aclose()
+        except anyio.get_cancelled_exc_class():
+            raise
+        except BaseException as exc:  # a consumer's SystemExit: stop, visibly
+            self._die(consumer.tube, exc)
         finally:
             self._slots -= 1
             if not self._slots and self._stopping:
                 self._idle.set()
+
+    def _die(self, tube: str, exc: BaseException) -> None:
+        log.error("worker of tube %r stops: %s (raised again when the `async with` exits)",
+                  tube, type(exc).__name__, exc_info=exc)
+        if self._fatal is None:
+            self._fatal = exc
+        self._stopping = True
+        if self._tg is not None:
+            self._tg.start_soon(self.stop, name="k7-workers-stop")
 
     async def _handle(self, session: AsyncSession, job: JobView, *, gated: bool = True,
                       forced: bool = False, where: object = None) -> Handled:
@@ -280,7 +300,9 @@ class AsyncWorker:
         result, error = None, None
         try:
             result = await core.consumers[job.tube].fn(step.payload)
-        except Exception as exc:
+        except (anyio.get_cancelled_exc_class(), *STOPS):
+            raise  # the job is released with its session
+        except BaseException as exc:  # any other is the job's failure
             error = exc
         finally:
             took = core.end(handle)
@@ -295,13 +317,14 @@ class AsyncWorker:
     async def _watch(self) -> None:
         core = self._core
         next_check = time.monotonic()
+        wait = WATCH_TICK
         while True:
-            await anyio.sleep(0.5)
-            touch, slow = core.due()
+            await anyio.sleep(wait)
+            touch, slow, wait = core.due()
             for r in touch:
                 _, session = cast(tuple[anyio.TaskInfo, AsyncSession], r.where)
                 try:
-                    await session.touch(r.job)
+                    core.touched(r, await session.touch(r.job))
                 except Exception as exc:  # the job finished meanwhile
                     log.debug("touch of job %d: %s", r.job.id, exc)
             for r in slow:
@@ -353,7 +376,7 @@ class AsyncWorker:
 
     async def retry_errors(self, tube: str) -> int:
         """:meth:`k7core.workers.Worker.retry_errors`."""
-        return await self._src.kick(tube, 1 << 31)
+        return await self._src.kick(tube, ALL)
 
     async def stats(self) -> dict[str, dict[str, int]]:
         """:meth:`k7core.workers.Worker.stats`."""
@@ -377,9 +400,11 @@ class AsyncWorker:
 
     async def check_health(self) -> bool:
         """:meth:`k7core.workers.Worker.check_health`."""
-        tubes = self._core.all_tubes(await self._src.counts())
-        return self._core.check_health({t: await self._src.buried(t, HEALTH_LIMIT)
-                                        for t in tubes})
+        core, source = self._core, self._src
+        tubes = core.all_tubes(await source.counts())
+        suspects = core.health_suspects({t: await source.buried(t, HEALTH_LIMIT)
+                                         for t in tubes})
+        return core.settle_health(suspects, [await source.exists(i) for _, i in suspects.jobs])
 
     def running(self) -> dict[str, int]:
         """:meth:`k7core.workers.Worker.running`."""

@@ -18,7 +18,10 @@ and at most one timer. How the requests run depends on the store's fsync strateg
 Semantics as the streams path (``_server.Connection``): a connection's requests run in order,
 one run at a time; replies only once stored; a quit or the end of the input closes after the
 replies; a client that half-closes while its reserve waits gets TIMED_OUT; a connection's
-reservations are released when it goes.
+reservations are released when it goes. Memory per connection is bounded: a connection is
+read only while its unparsed input is under ``input_limit`` and its transport's write
+buffer is under the high-water mark, and a run stops after OUTPUT_CHUNK bytes of replies
+(the rest run once those are sent).
 """
 
 from __future__ import annotations
@@ -40,12 +43,12 @@ from k7core.beanstalk import Request, RequestParser
 from k7core.beanstalk import protocol as wire
 
 from .._jobs import AsyncJobStore
-from ._session import Blocked, ServerState, Session
+from ._session import Blocked, Quit, ServerState, Session
 from ._waiters import Waiters
 
 log = logging.getLogger("k7async.server")
 
-_Outcome = tuple[bytes, int, "Blocked | None"]
+_Outcome = tuple[bytes, int, "Blocked | Quit | None"]
 
 
 class Waiting:
@@ -168,6 +171,8 @@ class BeanstalkProtocol(asyncio.Protocol):
         self.requests: list[Request] = []  # parsed, not answered from index start on
         self.start = 0
         self.busy = False  # a run is on the owner thread, or a reserve waits
+        self.reading = True  # the transport reads (see _flow)
+        self.write_paused = False  # the transport's write buffer is over its high-water mark
         self.eof = False
         self.closing = False
         self.gone = False
@@ -196,6 +201,8 @@ class BeanstalkProtocol(asyncio.Protocol):
         self.parser.feed(data)
         if not self.busy and not self.closing:
             self._advance()
+        else:
+            self._flow()
 
     def eof_received(self) -> bool:
         self.eof = True
@@ -210,12 +217,29 @@ class BeanstalkProtocol(asyncio.Protocol):
         self._gone()
 
     def pause_writing(self) -> None:
-        if self.transport is not None and not self.closing:
-            self.transport.pause_reading()  # the client does not read: stop reading too
+        self.write_paused = True  # the client does not read: answer and read no more
+        self._flow()
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not self.closing:
-            self.transport.resume_reading()
+        self.write_paused = False
+        if not self.busy and not self.closing:
+            self._advance()
+        else:
+            self._flow()
+
+    def _flow(self) -> None:
+        """Read only while the replies are sent and the unparsed input is under the limit
+        (beanstalkd's rule: memory per connection stays bounded)."""
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        want = not self.write_paused and self.parser.buffered < self.driver.state.input_limit
+        if want != self.reading:
+            self.reading = want
+            if want:
+                transport.resume_reading()
+            else:
+                transport.pause_reading()
 
     # --- running requests ------------------------------------------------------------------
 
@@ -225,11 +249,14 @@ class BeanstalkProtocol(asyncio.Protocol):
         while True:
             while (request := parser.next()) is not None:
                 requests.append(request)
+            self._flow()
             if self.start >= len(requests):
                 self.requests, self.start = [], 0
                 if self.eof:
                     self._close()
                 return
+            if self.write_paused:
+                return  # resume_writing goes on
             if not self.driver.inline:
                 self.busy = True
                 self.driver.hand_over(self)
@@ -254,20 +281,20 @@ class BeanstalkProtocol(asyncio.Protocol):
 
     def _answer(self, outcome: _Outcome) -> bool:
         """Send a run's replies; True when the connection can go on with what follows."""
-        replies, i, blocked = outcome
+        replies, i, stop = outcome
         transport = self.transport
         assert transport is not None
         if replies:
-            transport.write(replies)
-        if blocked is None:
-            if i < len(self.requests):  # quit
-                self._close()
-                return False
-            self.requests, self.start = [], 0
+            transport.write(replies)  # may call pause_writing
+        if stop is None:
+            self.start = i
             return True
+        if isinstance(stop, Quit):
+            self._close()
+            return False
         self.start = i + 1
         self.busy = True
-        self._wait(blocked.timeout)
+        self._wait(stop.timeout)
         return False
 
     # --- a reserve that waits --------------------------------------------------------------
@@ -323,8 +350,8 @@ class BeanstalkProtocol(asyncio.Protocol):
         if self.gone:
             return
         assert self.transport is not None
-        self.transport.write(answer)
         self.busy = False
+        self.transport.write(answer)  # may call pause_writing
         if not self.closing:
             self._advance()
 

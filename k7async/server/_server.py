@@ -9,7 +9,10 @@ requests to the job store's owner thread (``AsyncJobStore.run``: under ``"sync"`
 every connection at that moment share one msync) and sends the replies once they are
 stored. A reserve that finds no job waits here, in the event loop, with no thread of its
 own: the store's ready listener pokes :class:`Waiters`, which hands ready jobs to waiting
-connections in the order they came.
+connections in the order they came. A connection is read only while it has nothing to
+answer (or, while its reserve waits, up to the state's ``input_limit`` of unparsed input),
+and a run's replies are sent before the next run (at most OUTPUT_CHUNK bytes each): memory
+per connection stays bounded whatever the client sends or leaves unread.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from k7core.jobs import JOURNAL_SEGMENT, JobStore
 
 from .._jobs import AsyncJobStore, open_jobs
 from ._protocol import Driver, listener_sockets
-from ._session import Blocked, ServerState, Session
+from ._session import Blocked, Quit, ServerState, Session
 from ._waiters import Waiters
 
 log = logging.getLogger("k7async.server")
@@ -143,20 +146,21 @@ class Connection:
                 continue
             i = 0
             while i < len(requests):
-                replies, i, blocked = await jobs.run(partial(_run, session, requests, i))
+                replies, i, stop = await jobs.run(partial(_run, session, requests, i))
                 if replies:
-                    await stream.send(replies)
-                if blocked is None:
-                    if i < len(requests):
-                        return  # quit
-                    break
-                await stream.send(await self.wait(blocked.timeout))
+                    await stream.send(replies)  # sent before the next run: bounded output
+                if stop is None:
+                    continue  # all answered, or more after the replies just sent
+                if isinstance(stop, Quit):
+                    return
+                await stream.send(await self.wait(stop.timeout))
                 i += 1
 
     async def wait(self, timeout: int) -> bytes:
         """A reserve that found no job: wait for one, for DEADLINE_SOON, for ``timeout``
         seconds (< 0: no limit), or for the client to hang up (TIMED_OUT, as beanstalkd).
-        Bytes that arrive meanwhile are kept for after."""
+        Bytes that arrive meanwhile are kept for after, up to the input limit: past it the
+        connection is not read (nor a hang-up seen) until the reserve is answered."""
         waiters = self.server.waiters
         waiter = _Waiter(self.session)
         waiters.add(waiter)  # before the first try: a job put meanwhile pokes this waiter
@@ -193,7 +197,8 @@ class Connection:
             waiter.event = anyio.Event()
 
     async def _read_while_waiting(self, waiter: _Waiter) -> None:
-        while True:
+        limit = self.server.state.input_limit
+        while self.parser.buffered < limit:
             try:
                 data = await self.stream.receive(RECEIVE_SIZE)
             except (anyio.EndOfStream, anyio.BrokenResourceError):
@@ -206,7 +211,7 @@ class Connection:
 
 
 def _run(session: Session, requests: list[Request], start: int, store: JobStore
-         ) -> tuple[bytes, int, Blocked | None]:
+         ) -> tuple[bytes, int, Blocked | Quit | None]:
     return session.run(requests, start)
 
 

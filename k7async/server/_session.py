@@ -35,6 +35,25 @@ _STATS_COMMANDS = (Op.PUT, Op.PEEK, Op.PEEK_READY, Op.PEEK_DELAYED, Op.PEEK_BURI
 but, as in beanstalkd, not shown)."""
 
 
+INPUT_LIMIT = 1 << 20
+"""Bytes of a connection's input read ahead of its answers (more when ``max_job_size``
+needs it: a put's whole body is read before it runs). While that much is unparsed, the
+server reads no more from the connection, as beanstalkd stops reading a connection it is
+answering: a client that keeps sending behind a reserve that waits, or without reading its
+replies, does not grow the server."""
+OUTPUT_CHUNK = 256 << 10
+"""Reply bytes one run makes at most; the requests after wait until the connection has
+sent them (a client that pipelines large peeks and does not read them is answered as far as
+its socket takes, not at once)."""
+
+
+class Quit:
+    """A run ended at a quit: close once the replies are sent."""
+
+
+QUIT = Quit()
+
+
 class Blocked:
     """A reserve that found no job: the connection waits (``timeout`` seconds, < 0 without
     limit) in the event loop, then goes on with the requests after it."""
@@ -51,6 +70,8 @@ class ServerState:
     def __init__(self, store: JobStore, max_job_size: int, journal_segment: int) -> None:
         self.store = store
         self.max_job_size = max_job_size
+        self.input_limit = max(INPUT_LIMIT, max_job_size + wire.LINE_MAX + 2)
+        """Unparsed input bytes past which a connection is not read (INPUT_LIMIT)."""
         self.journal_segment = journal_segment
         self.draining = False
         self.commands = [0] * (max(Op) + 1)  # by Op; written by the owner thread only
@@ -144,11 +165,14 @@ class Session:
             Op.WATCH: self._watch, Op.IGNORE: self._ignore, Op.PAUSE_TUBE: self._pause_tube,
         }
 
-    def run(self, requests: list[Request], start: int) -> tuple[bytes, int, Blocked | None]:
-        """Answer ``requests[start:]`` in order, up to a reserve that has to wait or a quit.
-        Returns the replies, the index of the first request not answered, and the wait
-        (None: all answered, or a quit at that index)."""
+    def run(self, requests: list[Request], start: int, limit: int = OUTPUT_CHUNK
+            ) -> tuple[bytes, int, Blocked | Quit | None]:
+        """Answer ``requests[start:]`` in order, up to a reserve that has to wait, a quit,
+        or ``limit`` bytes of replies. Returns the replies, the index of the first request
+        not answered, and why it stopped: a :class:`Blocked` wait, QUIT, or None (all
+        answered, or the limit: run again from that index once the replies are sent)."""
         out: list[bytes] = []
+        size = 0
         commands = self.state.commands
         handlers = self._handlers
         i = start
@@ -163,7 +187,7 @@ class Session:
                     self.producer = True
                 out.append(request.reply)
             elif op is Op.QUIT:
-                break
+                return b"".join(out), i, QUIT
             else:
                 try:
                     reply = handlers[op](request)
@@ -176,6 +200,9 @@ class Session:
                     return b"".join(out), i, reply
                 assert isinstance(reply, bytes)
                 out.append(reply)
+                size += len(reply)
+                if size >= limit:
+                    return b"".join(out), i + 1, None
             i += 1
         return b"".join(out), i, None
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from .._errors import K7Error
-from ..beanstalk import Client, ReservedJob, TubeNotFoundError, calls
+from ..beanstalk import Client, JobNotFoundError, ReservedJob, TubeNotFoundError, calls
 from ..beanstalk.calls import Call
 from ..jobs._machine import ERRORS_KEPT
 from ._codec import pack, unpack
@@ -58,13 +58,13 @@ def _seconds(delay: float) -> int:
 
 
 def _view(job_id: int, tube: str, body: bytes, priority: int, created_at: float | None,
-          now: float) -> JobView:
+          now: float, ttr: float) -> JobView:
     try:
         envelope = unpack(body)
     except ValueError:  # the worker buries it as undecodable
-        return JobView(job_id, tube, body, priority, (), created_at or now)
+        return JobView(job_id, tube, body, priority, (), created_at or now, ttr)
     return JobView(job_id, tube, body, priority, envelope.errors,
-                   envelope.created_at or created_at or now)
+                   envelope.created_at or created_at or now, ttr)
 
 
 def _with_error(job: JobView, error: str) -> bytes:
@@ -91,8 +91,11 @@ def reserve_steps(tubes: tuple[str, ...], timeout: float | None,
                                      else calls.reserve_with_timeout(_seconds(timeout)))
     if got is None:
         return None
-    tube = tubes[0] if len(tubes) == 1 else str((yield calls.stats_job(got.id))["tube"])
-    return _view(got.id, tube, got.body, UNKNOWN_PRIORITY, None, now())
+    if len(tubes) == 1:  # one round trip: the ttr is asked at the first touch, if any
+        return _view(got.id, tubes[0], got.body, UNKNOWN_PRIORITY, None, now(), 0.0)
+    st = yield calls.stats_job(got.id)
+    return _view(got.id, str(st["tube"]), got.body, UNKNOWN_PRIORITY, None, now(),
+                 float(st["ttr"]))
 
 
 def release_steps(job: JobView, delay: float, error: str | None) -> Steps[int]:
@@ -120,6 +123,15 @@ def bury_steps(job: JobView, error: str) -> Steps[int]:
     return new_id
 
 
+def touch_steps(job: JobView) -> Steps[float]:
+    """Touch ``job``; its ttr, asked of the server the first time (``job.ttr`` 0)."""
+    yield calls.touch(job.id)
+    if job.ttr:
+        return job.ttr
+    st = yield calls.stats_job(job.id)
+    return float(st["ttr"])
+
+
 def no_store_feature() -> K7Error:
     """The error of a job store feature asked of a beanstalkd server."""
     return K7Error("a beanstalkd server has no unique keys, dependencies or job groups",
@@ -130,7 +142,7 @@ def take_steps(job_id: int, now: Callable[[], float]) -> Steps[JobView]:
     got: ReservedJob = yield calls.reserve_job(job_id)
     st = yield calls.stats_job(job_id)
     return _view(job_id, str(st["tube"]), got.body, int(st["pri"]),
-                 now() - float(st["age"]), now())
+                 now() - float(st["age"]), now(), float(st["ttr"]))
 
 
 def put_steps(body: bytes, tube: str, priority: int, delay: float, ttr: float,
@@ -160,14 +172,38 @@ def buried_steps(tube: str, limit: int | None, now: Callable[[], float]
         job = yield calls.stats_job(first.id)
         yield calls.bury(first.id, priority=int(job["pri"]))  # to the end of the list
         out.append(_view(first.id, tube, first.body, int(job["pri"]),
-                         now() - float(job["age"]), now()))
+                         now() - float(job["age"]), now(), float(job["ttr"])))
     return out
 
 
 def kick_steps(tube: str, bound: int) -> Steps[int]:
+    """Up to ``bound`` buried jobs of ``tube`` ready, each by ``kick-job`` (a bare ``kick``
+    kicks delayed jobs when none is buried), at most as many as were buried at the start
+    (a job buried again meanwhile is not kicked twice)."""
+    try:
+        st = yield calls.stats_tube(tube)
+    except TubeNotFoundError:
+        return 0
     yield calls.use(tube)
-    kicked: int = yield calls.kick(bound)
+    kicked = 0
+    for _ in range(min(bound, int(st["current-jobs-buried"]))):
+        first = yield calls.peek_buried()
+        if first is None:
+            break
+        try:
+            yield calls.kick_job(first.id)
+        except JobNotFoundError:  # kicked or deleted by another client meanwhile
+            continue
+        kicked += 1
     return kicked
+
+
+def exists_steps(job_id: int) -> Steps[bool]:
+    try:
+        yield calls.stats_job(job_id)
+    except JobNotFoundError:
+        return False
+    return True
 
 
 def counts_steps() -> Steps[dict[str, dict[str, int]]]:
@@ -207,8 +243,8 @@ class BeanstalkSession:
     def bury(self, job: JobView, error: str) -> int:
         return drive(self._client, bury_steps(job, error))
 
-    def touch(self, job: JobView) -> None:
-        self._client.touch(job.id)
+    def touch(self, job: JobView) -> float:
+        return drive(self._client, touch_steps(job))
 
     def take(self, job_id: int) -> JobView:
         return drive(self._client, take_steps(job_id, self._clock))
@@ -246,6 +282,9 @@ class BeanstalkSource:
 
     def kick(self, tube: str, bound: int) -> int:
         return self._run(kick_steps(tube, bound))
+
+    def exists(self, job_id: int) -> bool:
+        return self._run(exists_steps(job_id))
 
     def counts(self) -> dict[str, dict[str, int]]:
         return self._run(counts_steps())

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..beanstalk import Client, JobNotFoundError, TubeNotFoundError
+from ..beanstalk import Client, JobNotFoundError
 from ..jobs._cli import (
     CommandError,
     body_json,
@@ -38,9 +38,9 @@ from ..jobs._cli import (
     store_dir,
     tube_arg,
 )
-from ._beanstalk import BeanstalkSource
+from ._beanstalk import BeanstalkSource, drive, kick_steps
 from ._codec import Codec, Envelope, PayloadError, codec, unpack
-from ._source import JobView, view
+from ._source import ALL, JobView, kick_buried, view
 
 EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
@@ -358,8 +358,7 @@ def _check_buried(job_id: int, found: tuple[str, str] | None, tube: str, where: 
 def _retry_store(d: Path, tube: str, job_id: int | None) -> int:
     with open_store(str(d), hint=RETRY_HINT) as store:
         if job_id is None:
-            n = int(store.tube_stats(tube)["current-jobs-buried"])
-            return store.kick(tube, n) if n else 0  # n = 0 would kick delayed jobs
+            return kick_buried(store, tube, ALL)
         job = store.peek(job_id)
         _check_buried(job_id, None if job is None else (job.tube, job.state.value), tube,
                       str(d))
@@ -370,14 +369,7 @@ def _retry_store(d: Path, tube: str, job_id: int | None) -> int:
 def _retry_remote(address: str, tube: str, job_id: int | None, timeout: float) -> int:
     with Client(address, timeout=timeout) as client:
         if job_id is None:
-            try:
-                n = int(client.stats_tube(tube)["current-jobs-buried"])
-            except TubeNotFoundError:
-                return 0
-            if not n:
-                return 0  # a kick without buried jobs would kick delayed ones
-            client.use(tube)
-            return client.kick(n)
+            return drive(client, kick_steps(tube, ALL))
         try:
             st = client.stats_job(job_id)
         except JobNotFoundError:

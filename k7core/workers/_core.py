@@ -20,7 +20,7 @@ from typing import Any, Generic, NamedTuple, TypedDict, TypeVar, cast
 
 from .._errors import K7Error
 from ._codec import MAGIC, Codec, PayloadError, codec, encode_body, unpack
-from ._monitor import Monitor
+from ._monitor import Monitor, Suspects
 from ._policy import (
     Action,
     Backoff,
@@ -38,7 +38,19 @@ from ._source import Deps, JobView
 
 log = logging.getLogger("k7core.workers")
 HEALTH_LIMIT = 100
-"""Buried jobs per tube a health check looks at (the oldest buried)."""
+"""Buried jobs per tube a health check looks at (the oldest buried), and remembered failing
+jobs it asks the store about (the oldest)."""
+MIN_TTR = 1.0
+"""The shortest time-to-run (beanstalkd's and the job store's: a shorter one becomes 1 s);
+a running job whose ttr is not known yet is touched as if it had this one."""
+STOPS = (SystemExit, KeyboardInterrupt)
+"""What a consumer raises to stop its worker (not a failure of the job): the job is released,
+ready again at once, the worker stops and raises it from ``join``, ``stop`` or ``close``
+(``Worker``), or from the ``async with`` (``AsyncWorker``). Any other exception, even a
+BaseException, is a failure of the job."""
+WATCH_TICK = 0.25
+"""Longest sleep of the watch (seconds): below a third of MIN_TTR, so that a job that just
+began is touched in time."""
 _NO_CONTEXT: dict[ContextVar[Any], Any] = {}
 _NOTHING = nullcontext()
 DELETE = Delete()
@@ -126,9 +138,17 @@ class Running:
     options: Options
     started: float
     touched: float
+    every: float
+    """Seconds between its touches: a third of the job's own ttr."""
     where: object
     """What runs it (a thread id, a task): the face turns it into a stack."""
     logged: bool = False
+
+
+def touch_every(ttr: float) -> float:
+    """Seconds between touches of a running job whose time-to-run is ``ttr`` (0: not
+    known yet): a third of it, so the ttr measures a live worker, not the job's length."""
+    return max(ttr, MIN_TTR) / 3
 
 
 class Core(Generic[F]):
@@ -243,7 +263,8 @@ class Core(Generic[F]):
         consumer = self.consumers.get(job.tube)
         # one dict item set or popped: atomic, no lock (due() copies the values at once)
         self.running[handle] = Running(job, self.defaults if consumer is None
-                                       else consumer.options, now, now, where)
+                                       else consumer.options, now, now,
+                                       touch_every(job.ttr), where)
         return handle
 
     def end(self, handle: int) -> float:
@@ -318,20 +339,30 @@ class Core(Generic[F]):
 
     # --- the watch --------------------------------------------------------------------
 
-    def due(self) -> tuple[list[Running], list[Running]]:
-        """Runs to touch now (a third of their ttr since the last touch), and runs past
-        their max_execute_time not yet logged (marked logged)."""
+    def due(self) -> tuple[list[Running], list[Running], float]:
+        """Runs to touch now (a third of their job's own ttr since the last touch), runs
+        past their max_execute_time not yet logged (marked logged), and the seconds until
+        the next touch falls due (at most WATCH_TICK)."""
         now = self.clock()
         touch, slow = [], []
+        wait = WATCH_TICK
         with self._lock:
             for r in list(self.running.values()):
-                if now - r.touched >= r.options.ttr / 3:
+                if now - r.touched >= r.every:
                     r.touched = now
                     touch.append(r)
+                wait = min(wait, r.touched + r.every - now)
                 if not r.logged and now - r.started > r.options.max_execute_time:
                     r.logged = True
                     slow.append(r)
-        return touch, slow
+        return touch, slow, max(wait, 0.0)
+
+    def touched(self, r: Running, ttr: float) -> None:
+        """``r`` was touched and its job's ttr is ``ttr`` (learnt then, over a server)."""
+        if ttr != r.job.ttr:
+            with self._lock:
+                r.job = r.job._replace(ttr=ttr)
+                r.every = touch_every(ttr)
 
     def log_slow(self, r: Running, stack: str) -> None:
         log.error("job %d of tube %r has run for %.0f s (max_execute_time %.0f s); its "
@@ -347,11 +378,18 @@ class Core(Generic[F]):
             payload = job.body
         return FailedJob(job.id, job.tube, payload, job.errors, job.created_at)
 
-    def check_health(self, buried: dict[str, list[JobView]]) -> bool:
+    def health_suspects(self, buried: dict[str, list[JobView]]) -> Suspects:
+        """A health check's first step (:meth:`Monitor.suspects`): ``buried``, per tube its
+        oldest buried jobs; the face then asks the store about each of ``jobs``."""
         with self._lock:
-            return self.monitor.check(
-                self.clock(), {t: [(j.id, j.created_at) for j in jobs]
-                               for t, jobs in buried.items()}, self._slow())
+            return self.monitor.suspects(self.clock(), {t: [(j.id, j.created_at) for j in jobs]
+                                                        for t, jobs in buried.items()},
+                                         HEALTH_LIMIT)
+
+    def settle_health(self, suspects: Suspects, present: Sequence[bool]) -> bool:
+        """The verdict: ``present``, whether each of ``suspects.jobs`` is in the store."""
+        with self._lock:
+            return self.monitor.settle(suspects, present, self._slow())
 
     def _slow(self) -> bool:
         now = self.clock()

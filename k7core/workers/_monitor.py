@@ -2,15 +2,20 @@
 
 yoltq's ``retry-stats``, ``processing-time-stats`` and ``healthy?``: per tube, jobs done,
 retries and jobs given up; run times over a sliding window; and health, which is False
-while a tube has a failing job (retrying, or buried by this worker) older than
-``healthy_allowed_error_time``, or a job has run past its ``max_execute_time``.
+while a failing job created more than ``healthy_allowed_error_time`` ago is still in the
+store (buried there, or one this worker saw fail and not yet done: retrying here or in any
+other worker), or a job has run past its ``max_execute_time``. As yoltq's, health follows
+the jobs' state, not this worker's memory: a job that failed here and was then done by
+another worker (or deleted) no longer counts, whichever worker did it.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass
@@ -41,6 +46,15 @@ class TubeCounts:
 def percentile(sorted_values: list[float], p: float) -> float:
     """The nearest-rank percentile ``p`` (0-100) of a non-empty sorted list (yoltq's)."""
     return sorted_values[min(len(sorted_values) - 1, math.floor(len(sorted_values) * p / 100))]
+
+
+class Suspects(NamedTuple):
+    """What a health check must ask the store (:meth:`Monitor.suspects`)."""
+
+    buried_old: bool
+    """A job created more than allowed_error_time ago is buried now: unhealthy."""
+    jobs: list[tuple[str, int]]
+    """(tube, id) of remembered failing jobs that old, not buried now, oldest first."""
 
 
 @dataclass
@@ -99,19 +113,35 @@ class Monitor:
         """A failing job left the worker's hands (kicked and done elsewhere, deleted)."""
         self._failing.get(tube, {}).pop(job_id, None)
 
-    def check(self, now: float, buried: dict[str, list[tuple[int, float]]],
-              slow: bool) -> bool:
-        """Judge health now. ``buried``: per tube, (id, created_at) of its buried jobs as
-        the store has them (it replaces what this worker remembers of buried jobs);
-        ``slow``: a job runs past its max_execute_time."""
+    def suspects(self, now: float, buried: dict[str, list[tuple[int, float]]], limit: int
+                 ) -> Suspects:
+        """A health check's first step. ``buried``: per tube, (id, created_at) of its buried
+        jobs as the store has them now (remembered as failing). Returns whether one of them
+        is old enough to make the worker unhealthy, and the other remembered failing jobs
+        old enough (the oldest ``limit``): ask the store whether each is still there, then
+        :meth:`settle`."""
+        old = now - self.allowed_error_time
+        buried_old = False
+        known = set()
         for tube, jobs in buried.items():
             failing = self._failing.setdefault(tube, {})
             for job_id, created in jobs:
                 failing[job_id] = created
-        limit = now - self.allowed_error_time
-        old = any(created <= limit for failing in self._failing.values()
-                  for created in failing.values())
-        self._checked = not (old or slow)
+                known.add((tube, job_id))
+                buried_old = buried_old or created <= old
+        ask = sorted((created, tube, job_id) for tube, failing in self._failing.items()
+                     for job_id, created in failing.items()
+                     if created <= old and (tube, job_id) not in known)
+        return Suspects(buried_old, [(tube, job_id) for _, tube, job_id in ask[:limit]])
+
+    def settle(self, suspects: Suspects, present: Sequence[bool], slow: bool) -> bool:
+        """Judge health now: ``present``, whether each of ``suspects.jobs`` is still in the
+        store (those that are not were done or deleted somewhere: forgotten); ``slow``, a
+        job runs past its max_execute_time."""
+        for (tube, job_id), here in zip(suspects.jobs, present, strict=True):
+            if not here:
+                self.forget(tube, job_id)
+        self._checked = not (suspects.buried_old or any(present) or slow)
         return self._checked
 
     def healthy(self, now: float) -> bool | None:

@@ -76,8 +76,9 @@ class Options:
     """Context variables captured at put and set around the consumer."""
     priority: int = 1024
     ttr: float = 60.0
-    """The job's time-to-run; a running job is touched every ``ttr / 3`` seconds, so the
-    time-to-run measures a live worker, not the job's length."""
+    """The time-to-run of the jobs :meth:`Worker.put` puts. A running job is touched every
+    third of its *own* ttr (whoever put it, with whatever ttr), so the time-to-run measures
+    a live worker, not the job's length."""
     max_execute_time: float = 300.0
     """A job running longer is logged at ERROR with the stack running it (yoltq: 5 min)."""
     depends_on: Callable[[Any], Sequence[int | tuple[str, str]]] | None = None

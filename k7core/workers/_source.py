@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, cast
 
-from ..jobs import Job, JobOwner, JobState, JobStore
+from ..jobs import Job, JobNotFoundError, JobOwner, JobState, JobStore
 from ..jobs._machine import JobMachine
 
 
@@ -27,6 +27,10 @@ class JobView(NamedTuple):
     errors: tuple[str, ...]
     """Recorded failure texts, newest last (bounded)."""
     created_at: float
+    ttr: float = 0.0
+    """Its own time-to-run (seconds), whoever put it: a running job is touched every third
+    of it. 0.0: not known yet (a beanstalkd server's reserve does not say; the first touch
+    asks)."""
 
 
 _new_view = cast(Callable[[type[JobView], tuple[Any, ...]], JobView], tuple.__new__)
@@ -36,7 +40,7 @@ the cost, once per job)."""
 
 def view(job: Job) -> JobView:
     return _new_view(JobView, (job.id, job.tube, job.body, job.priority, job.errors,
-                               job.created_at))
+                               job.created_at, job.ttr))
 
 
 Deps = Sequence[int | tuple[str, str]]
@@ -51,7 +55,8 @@ class Session(Protocol):
         """Back to ready after ``delay``; returns the job's id from now on."""
     def bury(self, job: JobView, error: str) -> int:
         """Aside until kicked; returns the job's id from now on."""
-    def touch(self, job: JobView) -> None: ...
+    def touch(self, job: JobView) -> float:
+        """Give the reserved ``job`` a full time-to-run again; returns its ttr."""
     def take(self, job_id: int) -> JobView:
         """Reserve this job whatever its state (beanstalkd's reserve-job)."""
     def close(self) -> None: ...
@@ -63,7 +68,13 @@ class Source(Protocol):
             key: str | None, depends_on: Deps, group: str | None = None) -> int: ...
     def buried(self, tube: str, limit: int | None = None) -> list[JobView]:
         """The buried jobs of ``tube`` (the first ``limit``), oldest buried first."""
-    def kick(self, tube: str, bound: int) -> int: ...
+    def kick(self, tube: str, bound: int) -> int:
+        """Make up to ``bound`` buried jobs of ``tube`` ready, oldest buried first; never a
+        delayed one (beanstalkd's ``kick`` kicks delayed jobs when none is buried: a job
+        due in an hour would run now). Returns how many."""
+    def exists(self, job_id: int) -> bool:
+        """Whether job ``job_id`` is still in the store, in any state (not done, not
+        deleted): the health check asks it of jobs it saw fail."""
     def counts(self) -> dict[str, dict[str, int]]:
         """Per tube, live jobs by state."""
     def group_progress(self, tube: str, group: str) -> dict[str, int]:
@@ -77,6 +88,24 @@ def store_counts(store: JobStore) -> dict[str, dict[str, int]]:
     return {tube: {"ready": o.ready, "delayed": o.delayed, "reserved": o.reserved,
                    "buried": o.buried, "waiting": o.waiting}
             for tube, o in store.overview().items()}
+
+
+ALL = 1 << 31
+"""A kick's bound meaning every buried job."""
+
+
+def kick_buried(store: JobStore, tube: str, bound: int) -> int:
+    """``Source.kick`` on a job store: each buried job kicked by id (the store's ``kick``
+    would kick delayed jobs if none were buried any more); one msync for all under sync."""
+    kicked = 0
+    with store.batch():
+        for job in store.errors(tube)[:bound]:
+            try:
+                store.kick_job(job.id)
+            except JobNotFoundError:  # kicked or deleted meanwhile
+                continue
+            kicked += 1
+    return kicked
 
 
 def _counts(machine_counts: dict[JobState, int]) -> dict[str, int]:
@@ -107,8 +136,9 @@ class StoreSession:
         self.owner.bury(job.id, error=error)
         return job.id
 
-    def touch(self, job: JobView) -> None:
+    def touch(self, job: JobView) -> float:
         self.owner.touch(job.id)
+        return job.ttr
 
     def take(self, job_id: int) -> JobView:
         return view(self.owner.reserve_job(job_id))
@@ -135,7 +165,10 @@ class StoreSource:
         return [view(j) for j in self.store.errors(tube)[:limit]]
 
     def kick(self, tube: str, bound: int) -> int:
-        return self.store.kick(tube, bound)
+        return kick_buried(self.store, tube, bound)
+
+    def exists(self, job_id: int) -> bool:
+        return self.store.peek(job_id) is not None
 
     def counts(self) -> dict[str, dict[str, int]]:
         return store_counts(self.store)
@@ -192,8 +225,9 @@ class MemorySession:
         m.apply_bury(*m.check_bury(job.id, self._me, job.priority, error))
         return job.id
 
-    def touch(self, job: JobView) -> None:
+    def touch(self, job: JobView) -> float:
         self._source.machine.touch(job.id, self._me, self._source.clock())
+        return job.ttr
 
     def take(self, job_id: int) -> JobView:
         m, now = self._source.machine, self._source.clock()
@@ -233,10 +267,13 @@ class MemorySource:
         return [view(j) for j in self.machine.errors(tube)[:limit]]
 
     def kick(self, tube: str, bound: int) -> int:
-        ids = self.machine.plan_kick(tube, bound)
-        for job_id in ids:
-            self.machine.apply_kick(job_id)
-        return len(ids)
+        jobs = self.machine.errors(tube)[:bound]  # buried ones only (plan_kick: delayed too)
+        for job in jobs:
+            self.machine.apply_kick(job.id)
+        return len(jobs)
+
+    def exists(self, job_id: int) -> bool:
+        return self.machine.peek(job_id) is not None
 
     def counts(self) -> dict[str, dict[str, int]]:
         self.machine.advance(self.clock())

@@ -22,6 +22,8 @@ from ..jobs import JobStore
 from ._beanstalk import BeanstalkSource
 from ._core import (
     HEALTH_LIMIT,
+    STOPS,
+    WATCH_TICK,
     Consumer,
     Core,
     FailedJob,
@@ -33,7 +35,7 @@ from ._core import (
 )
 from ._monitor import Monitor
 from ._policy import Action, Defer, Delete, Options, Retry
-from ._source import Deps, JobView, MemorySource, Session, Source, StoreSource
+from ._source import ALL, Deps, JobView, MemorySource, Session, Source, StoreSource
 
 log = logging.getLogger("k7core.workers")
 
@@ -106,6 +108,7 @@ class Worker(Resource):
         self._lock = threading.Lock()
         self._started = False
         self._testing = testing
+        self._fatal: BaseException | None = None  # a consumer's SystemExit, raised by stop()
         self._closed = False
 
     @property
@@ -181,7 +184,10 @@ class Worker(Resource):
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop taking jobs; wait up to ``timeout`` seconds for running jobs to finish, then
-        release the ones still running (ready again at once). Idempotent."""
+        release the ones still running (ready again at once). Idempotent. If a consumer
+        stopped the worker by raising SystemExit or KeyboardInterrupt (or a slot thread
+        died of something else), raises that exception (once: here, :meth:`join` or
+        :meth:`close`)."""
         self._stopping.set()
         deadline = time.monotonic() + timeout
         for t in list(self._threads):
@@ -193,15 +199,30 @@ class Worker(Resource):
                 session.close()
             except Exception:
                 log.exception("releasing a running job at stop failed")
+        with self._lock:
+            fatal, self._fatal = self._fatal, None
+        if fatal is not None:
+            raise fatal
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the worker is told to stop (:meth:`stop` or :meth:`close` in another
+        thread, or a consumer raising SystemExit or KeyboardInterrupt), then :meth:`stop`
+        it, raising that exception here. False if ``timeout`` seconds passed first."""
+        if not self._stopping.wait(timeout):
+            return False
+        self.stop()
+        return True
 
     def close(self) -> None:
         """:meth:`stop`, and the source if the worker opened it. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self.stop()
-        if self._owns_source:
-            self._source.close()
+        try:
+            self.stop()
+        finally:
+            if self._owns_source:
+                self._source.close()
 
     def __enter__(self) -> Worker:
         self.start()
@@ -231,10 +252,21 @@ class Worker(Resource):
                 log.exception("worker of tube %r: the job source failed; again in 1 s",
                               consumer.tube)
                 self._stopping.wait(1.0)
+            except BaseException as exc:  # a consumer's SystemExit: stop, visibly
+                self._die(consumer.tube, exc)
+                return
             finally:
                 with self._lock:
                     self._sessions.pop(me, None)
                 session.close()
+
+    def _die(self, tube: str, exc: BaseException) -> None:
+        log.error("worker of tube %r stops: %s (stop(), join() and close() raise it)",
+                  tube, type(exc).__name__, exc_info=exc)
+        with self._lock:
+            if self._fatal is None:
+                self._fatal = exc
+        self._stopping.set()
 
     def _handle(self, session: Session, job: JobView, *, gated: bool = True,
                 forced: bool = False, where: object = None) -> Handled:
@@ -261,9 +293,12 @@ class Worker(Resource):
         result, error = None, None
         try:
             result = core.consumers[job.tube].fn(step.payload)
-        except Exception as exc:
+        except STOPS:
+            raise  # the job is released with its session
+        except BaseException as exc:  # any other is the job's failure
             error = exc
-        took = core.end(handle)
+        finally:
+            took = core.end(handle)
         action = core.finish(job, error, bury=forced)
         core.done(job, action, apply(session, job, action), took)
         return action, step, result, error
@@ -271,12 +306,13 @@ class Worker(Resource):
     def _watch(self) -> None:
         core = self._core
         next_check = time.monotonic()
-        while not self._stopping.wait(0.5):
-            touch, slow = core.due()
+        wait = WATCH_TICK
+        while not self._stopping.wait(wait):
+            touch, slow, wait = core.due()
             for r in touch:
                 _, session = cast(tuple[int, Session], r.where)
                 try:
-                    session.touch(r.job)
+                    core.touched(r, session.touch(r.job))
                 except Exception as exc:  # the job finished meanwhile
                     log.debug("touch of job %d: %s", r.job.id, exc)
             for r in slow:
@@ -334,8 +370,9 @@ class Worker(Resource):
             session.close()
 
     def retry_errors(self, tube: str) -> int:
-        """Make every buried job of ``tube`` ready again; returns how many."""
-        return self._source.kick(tube, 1 << 31)
+        """Make every buried job of ``tube`` ready again (never a delayed one); returns how
+        many."""
+        return self._source.kick(tube, ALL)
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per tube, live jobs by state (yoltq's ``queue-stats``)."""
@@ -363,9 +400,10 @@ class Worker(Resource):
 
     def check_health(self) -> bool:
         """Judge health now (the watch thread does every ``health_interval``)."""
-        tubes = self._core.all_tubes(self._source.counts())
-        return self._core.check_health({t: self._source.buried(t, HEALTH_LIMIT)
-                                        for t in tubes})
+        core, source = self._core, self._source
+        tubes = core.all_tubes(source.counts())
+        suspects = core.health_suspects({t: source.buried(t, HEALTH_LIMIT) for t in tubes})
+        return core.settle_health(suspects, [source.exists(i) for _, i in suspects.jobs])
 
     def running(self) -> dict[str, int]:
         """Per tube, jobs running now."""
@@ -373,8 +411,9 @@ class Worker(Resource):
 
     def healthy(self) -> bool | None:
         """yoltq's ``healthy?``: None before the first check; True during the start-up
-        grace; False while a tube has a failing job (retrying or buried) created more than
-        ``allowed_error_time`` ago, or a job runs past its max_execute_time; else True."""
+        grace; False while a failing job created more than ``allowed_error_time`` ago is
+        still in the store (buried, or seen failing here and not done yet by any worker),
+        or a job runs past its max_execute_time; else True."""
         return self._core.healthy()
 
     def __repr__(self) -> str:

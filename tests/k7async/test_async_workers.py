@@ -3,6 +3,7 @@ disk under "flush" (calls in the loop) and "sync" (the owner thread, group commi
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 from pathlib import Path
@@ -185,3 +186,129 @@ async def test_group_progress_in_the_test_mode_and_over_a_store(tmp_path: Path) 
 
 async def _noop(p: object) -> None:
     pass
+
+
+@pytest.mark.parametrize("kind", ["memory", "flush", "sync"])
+async def test_retry_errors_kicks_buried_jobs_only_never_delayed_ones(tmp_path: Path,
+                                                                      kind: str) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        source: k7async.AsyncJobStore | MemorySource = (
+            MemorySource() if kind == "memory"
+            else await stack.enter_async_context(k7async.open_jobs(tmp_path / "j",
+                                                                   fsync=kind)))
+        w = await stack.enter_async_context(k7async.AsyncWorker(source))  # no consumer
+        await w.put("q", "in an hour", delay=3600)
+        assert await w.retry_errors("q") == 0  # nothing buried: it stays delayed
+        assert (await w.stats())["q"]["delayed"] == 1
+        await w.put("q", "broken")
+        session = w._src.session()
+        job = await session.reserve(("q",), 0)
+        assert job is not None
+        await session.bury(job, "#1 broken")
+        await session.aclose()
+        assert await w.retry_errors("q") == 1
+        assert await w.retry_errors("q") == 0
+        counts = (await w.stats())["q"]
+        assert (counts["ready"], counts["delayed"], counts["buried"]) == (1, 1, 0)
+
+
+async def test_a_job_with_its_own_ttr_shorter_than_the_tubes_runs_once(tmp_path: Path
+                                                                       ) -> None:
+    """Touches follow the job's own ttr (3 s, put by another client), not the tube's 60."""
+    clock = ManualClock()
+    runs: list[Any] = []
+    running, finish = anyio.Event(), anyio.Event()
+    async with k7async.open_jobs(tmp_path / "j", fsync="flush", clock=clock) as store, \
+            k7async.AsyncWorker(store, clock=clock) as w:
+        @w.consumer("t", concurrency=2)
+        async def c(p: int) -> None:
+            runs.append(p)
+            running.set()
+            await finish.wait()
+
+        job_id = await store.put(b"7", tube="t", ttr=3)
+        with anyio.fail_after(30):
+            await running.wait()
+            for _ in range(9):  # three times its ttr, a third of it at a time
+                first = store.store.peek(job_id)
+                assert first is not None
+                clock.advance(1.0)
+                while (now := store.store.peek(job_id)) is not None and \
+                        now.ready_at == first.ready_at:
+                    await anyio.sleep(0.005)  # the watch task touches it
+                assert now is not None and now.state == "reserved"
+                assert (now.reserves, now.timeouts) == (1, 0), "its ttr ran out"
+        finish.set()
+    assert runs == [7]
+
+
+async def test_health_recovers_when_the_job_that_failed_here_is_done_elsewhere() -> None:
+    clock = ManualClock()
+    source = MemorySource(clock)
+    async with k7async.AsyncWorker(source, grace=0.0, allowed_error_time=900.0,
+                                   backoff=Backoff(base=1.0, jitter=0.0)) as a, \
+            k7async.AsyncWorker(source, grace=0.0) as b:
+        a.consumer("q", _fail)
+        b.consumer("q", _echo)
+        await a.put("q", 1)
+        with pytest.raises(ZeroDivisionError):
+            await a.consume("q")
+        clock.advance(901)
+        assert await a.check_health() is False
+        assert await b.consume("q") == 1
+        assert await a.check_health() is True and a.healthy() is True
+
+
+async def _echo(p: Any) -> Any:
+    return p
+
+
+async def _fail(p: Any) -> Any:
+    return 1 / 0
+
+
+class Odd(BaseException):
+    """Not an Exception, not a request to stop, not a cancellation."""
+
+
+async def test_a_consumer_raising_systemexit_stops_the_worker_and_exit_raises_it(
+        tmp_path: Path) -> None:
+    async def c(p: int) -> None:
+        raise SystemExit(3)
+
+    async with k7async.open_jobs(tmp_path / "j", fsync="flush") as store:
+        w = k7async.AsyncWorker(store)
+        w.consumer("t", c)
+        with pytest.raises(SystemExit) as raised:
+            async with w:
+                job_id = await w.put("t", 1)
+                with anyio.fail_after(30):
+                    await anyio.sleep_forever()  # ended by the worker's stop
+        assert raised.value.code == 3
+        job = store.store.peek(job_id)
+        assert job is not None and job.state == "ready" and not job.errors  # released
+        assert w.running() == {} and w.retry_stats() == {}
+
+
+async def test_another_base_exception_is_a_failure_and_the_task_goes_on(tmp_path: Path
+                                                                        ) -> None:
+    done = anyio.Event()
+
+    async def c(p: int) -> None:
+        if p == 1:
+            raise Odd("odd")
+        done.set()
+
+    async with k7async.open_jobs(tmp_path / "j", fsync="flush") as store:
+        async with k7async.AsyncWorker(store, backoff=Backoff(base=60.0)) as w:
+            w.consumer("t", c)
+            first = await w.put("t", 1, priority=0)
+            await w.put("t", 2, priority=1)
+            with anyio.fail_after(30):
+                await done.wait()
+            assert w.running() == {}
+        job = store.store.peek(first)
+        assert job is not None and job.state == "delayed"
+        head = job.errors[0].splitlines()[0]
+        assert head.startswith("#1 ") and head.endswith("Odd: odd")
+        assert w.retry_stats()["t"]["failures"] == 1

@@ -9,11 +9,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
 
 import k7async
@@ -160,3 +162,128 @@ async def test_the_async_worker_over_a_server(server: ServerProcess, anyio_backe
             await done.wait()
         assert await w.check_health() is True
     assert sorted(seen) == [0, *range(10)]
+
+
+def _bury_one(server: ServerProcess, tube: str) -> None:
+    with Client(("127.0.0.1", server.port)) as c:
+        c.use(tube)
+        c.put(b'"broken"')
+        c.watch(tube)
+        got = c.reserve(timeout=5)
+        assert got is not None
+        c.bury(got.id)
+
+
+def _states(server: ServerProcess, tube: str) -> tuple[int, int, int]:
+    with Client(("127.0.0.1", server.port)) as c:
+        st = c.stats_tube(tube)
+    return (int(st["current-jobs-ready"]), int(st["current-jobs-delayed"]),
+            int(st["current-jobs-buried"]))
+
+
+def test_retry_errors_kicks_buried_jobs_only_never_delayed_ones(server: ServerProcess
+                                                                ) -> None:
+    with Worker(address(server)) as w:  # no consumer: nothing takes the jobs
+        w.put("q", "in an hour", delay=3600)
+        assert w.retry_errors("q") == 0  # beanstalkd's kick would kick the delayed job
+        assert _states(server, "q") == (0, 1, 0)
+        _bury_one(server, "q")
+        _bury_one(server, "q")
+        assert w.retry_errors("q") == 2
+        assert w.retry_errors("q") == 0
+        assert _states(server, "q") == (2, 1, 0)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_async_retry_errors_kicks_buried_jobs_only(server: ServerProcess,
+                                                         anyio_backend: str) -> None:
+    async with k7async.AsyncWorker(address(server)) as w:
+        await w.put("q", "in an hour", delay=3600)
+        assert await w.retry_errors("q") == 0
+        assert _states(server, "q") == (0, 1, 0)
+        _bury_one(server, "q")
+        assert await w.retry_errors("q") == 1
+        assert _states(server, "q") == (1, 1, 0)
+
+
+def _held_past(server: ServerProcess, job_id: int, seconds: int) -> None:
+    """Wait (bounded) until job ``job_id`` is ``seconds`` old on the server, checking all
+    along that it stayed reserved once, without a timeout (the server's clock is real)."""
+    with Client(("127.0.0.1", server.port), timeout=30) as c:
+        deadline = time.monotonic() + 60
+        while True:
+            st = c.stats_job(job_id)
+            assert (st["state"], st["reserves"], st["timeouts"]) == ("reserved", 1, 0), st
+            if int(st["age"]) >= seconds:
+                return
+            assert time.monotonic() < deadline
+            threading.Event().wait(0.05)
+
+
+def _put_with_ttr(server: ServerProcess, ttr: int) -> int:
+    with Client(("127.0.0.1", server.port)) as c:  # another client's job, its own ttr
+        c.use("t")
+        return c.put(b"7", ttr=ttr)
+
+
+def test_a_job_with_its_own_ttr_shorter_than_the_tubes_runs_once(server: ServerProcess
+                                                                 ) -> None:
+    runs: list[int] = []
+    running, finish = threading.Event(), threading.Event()
+    with Worker(address(server)) as w:  # the tube's ttr: the default 60 s, touches at 20 s
+        @w.consumer("t", concurrency=2)
+        def c(p: int) -> None:
+            runs.append(p)
+            running.set()
+            finish.wait(60)
+
+        job_id = _put_with_ttr(server, 2)
+        assert running.wait(30)
+        try:
+            _held_past(server, job_id, 5)  # 2.5 times its ttr
+        finally:
+            finish.set()
+    assert runs == [7]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_async_a_job_with_its_own_ttr_runs_once(server: ServerProcess,
+                                                      anyio_backend: str) -> None:
+    runs: list[int] = []
+    running, finish = anyio.Event(), anyio.Event()
+    async with k7async.AsyncWorker(address(server)) as w:
+        @w.consumer("t", concurrency=2)
+        async def c(p: int) -> None:
+            runs.append(p)
+            running.set()
+            await finish.wait()
+
+        job_id = _put_with_ttr(server, 2)
+        with anyio.fail_after(30):
+            await running.wait()
+        try:
+            await anyio.to_thread.run_sync(_held_past, server, job_id, 5)
+        finally:
+            finish.set()
+    assert runs == [7]
+
+
+def test_health_recovers_when_the_job_that_failed_here_is_done_by_another_worker(
+        server: ServerProcess) -> None:
+    a = Worker(address(server), grace=0.0, allowed_error_time=0.0,
+               backoff=Backoff(base=0.0, cap=0.0))
+    b = Worker(address(server), grace=0.0)
+    try:
+        a.consumer("q", lambda p: 1 / 0)
+        b.consumer("q", lambda p: "done")
+        a.put("q", 1)
+        with pytest.raises(ZeroDivisionError):
+            a.consume("q")  # put again under a new id, with its error
+        assert a.check_health() is False  # failing (for longer than 0 s)
+        assert b.consume("q") == "done"
+        assert a.check_health() is True
+    finally:
+        a.close()
+        b.close()

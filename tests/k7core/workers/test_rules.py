@@ -166,30 +166,54 @@ def test_processing_times_cover_the_window_only() -> None:
     assert stats["avg"] == 7.0 and stats["p50"] == 7.0
 
 
+def check(m: Monitor, now: float, buried: dict[str, list[tuple[int, float]]], *,
+          slow: bool = False, gone: frozenset[int] = frozenset()) -> bool:
+    """A health check as the faces run it; ``gone``: job ids no longer in the store."""
+    suspects = m.suspects(now, buried, 100)
+    return m.settle(suspects, [job_id not in gone for _, job_id in suspects.jobs], slow)
+
+
 def test_health_is_none_then_true_in_grace_then_follows_old_failures() -> None:
     m = Monitor(grace=2000.0, allowed_error_time=900.0, started=0.0)
     assert m.healthy(10.0) is None
     m.failed("t", 1, created_at=0.0)
-    assert m.check(1000.0, {}, slow=False) is False
+    assert check(m, 1000.0, {}) is False
     assert m.healthy(1000.0) is True  # start-up grace
     assert m.healthy(2500.0) is False
     m.done("t", 1, True, 0.1, 2500.0)  # the failing job succeeded
-    assert m.check(2500.0, {}, slow=False) is True
+    assert check(m, 2500.0, {}) is True
     m.failed("t", 2, created_at=2450.0)
-    assert m.check(2500.0, {}, slow=False) is True  # failing, but not for long yet
-    assert m.check(3400.0, {}, slow=False) is False
+    assert check(m, 2500.0, {}) is True  # failing, but not for long yet
+    assert check(m, 3400.0, {}) is False
     assert m.healthy(3400.0) is False
     m.forget("t", 2)
-    assert m.check(3400.0, {}, slow=True) is False  # a job runs past max_execute_time
-    assert m.check(3400.0, {}, slow=False) is True
+    assert check(m, 3400.0, {}, slow=True) is False  # a job runs past max_execute_time
+    assert check(m, 3400.0, {}) is True
+
+
+def test_a_failing_job_done_elsewhere_no_longer_counts() -> None:
+    """Health follows the store: a job that failed here and was done by another worker
+    (or deleted) is forgotten at the next check, which asks the store about it."""
+    m = Monitor(grace=0.0, allowed_error_time=10.0)
+    m.failed("t", 1, created_at=0.0)
+    m.failed("t", 2, created_at=5.0)
+    m.failed("t", 3, created_at=95.0)
+    assert m.suspects(100.0, {}, 100) == (False, [("t", 1), ("t", 2)])  # old ones, oldest first
+    assert m.suspects(100.0, {}, 1).jobs == [("t", 1)]  # the oldest `limit`
+    assert check(m, 100.0, {}) is False  # both still in the store
+    assert check(m, 100.0, {}, gone=frozenset({1})) is False  # 2 still is
+    assert m.suspects(100.0, {}, 100).jobs == [("t", 2)]  # 1 was forgotten
+    assert check(m, 100.0, {}, gone=frozenset({2})) is True
+    assert m.suspects(100.0, {}, 100).jobs == []
+    assert check(m, 200.0, {}) is False  # 3 is old now
 
 
 def test_buried_jobs_the_store_reports_count_for_health() -> None:
     m = Monitor(grace=0.0, allowed_error_time=10.0)
-    assert m.check(100.0, {"t": [(5, 50.0)]}, slow=False) is False
-    assert m.check(100.0, {"t": [(6, 95.0)]}, slow=False) is False  # 5 is still remembered
-    m.forget("t", 5)
-    assert m.check(100.0, {}, slow=False) is True
+    assert m.suspects(100.0, {"t": [(5, 50.0)]}, 100) == (True, [])  # buried: not asked
+    assert check(m, 100.0, {"t": [(5, 50.0)]}) is False
+    assert check(m, 100.0, {"t": [(6, 95.0)]}) is False  # 5 may still be there
+    assert check(m, 100.0, {"t": [(6, 95.0)]}, gone=frozenset({5})) is True  # kicked, done
 
 
 def test_retry_stats_say_failures_per_hundred_done() -> None:

@@ -3,9 +3,12 @@ threads over a JobStore on disk."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -260,7 +263,8 @@ def test_group_progress_follows_a_campaign(w: Worker, clock: ManualClock) -> Non
         w.put("mail", {"to": "y"}, group="")
 
 
-def test_retry_one_error_runs_a_buried_job_now_and_returns_or_raises(w: Worker) -> None:
+def test_retry_one_error_runs_a_buried_job_now_and_returns_or_raises(w: Worker,
+                                                                   clock: ManualClock) -> None:
     state = {"broken": True}
 
     @w.consumer("q", max_retries=1)
@@ -274,9 +278,7 @@ def test_retry_one_error_runs_a_buried_job_now_and_returns_or_raises(w: Worker) 
     for _ in range(2):  # the first failures close the gate; retries are not due anyway
         with pytest.raises(OSError):
             w.consume("q")
-    session = w.source.session()
-    w.source.kick("q", 10)  # not buried yet: delayed; kick makes them ready
-    session.close()
+    clock.advance(5.0)  # not buried yet: delayed by the backoff
     for _ in range(2):
         with pytest.raises(OSError):
             w.consume("q")
@@ -475,3 +477,122 @@ def test_a_job_running_past_max_execute_time_is_logged_with_its_stack(
         logging.getLogger("k7core.workers").removeHandler(handler)
     [msg] = [r.getMessage() for r in caplog.records if "max_execute_time" in r.getMessage()]
     assert "in stuck_in_here" in msg and "finish.wait(30)" in msg
+
+
+@pytest.mark.parametrize("kind", ["memory", "store"])
+def test_retry_errors_kicks_buried_jobs_only_never_delayed_ones(kind: str, tmp_path: Path
+                                                                ) -> None:
+    with contextlib.ExitStack() as stack:
+        source: JobStore | MemorySource = (
+            MemorySource() if kind == "memory"
+            else stack.enter_context(JobStore(tmp_path / "j", fsync="flush")))
+        w = stack.enter_context(Worker(source))
+        w.consumer("q", lambda p: p, valid_payload=lambda p: p != "bad")
+        w.put("q", "in an hour", delay=3600)
+        assert w.retry_errors("q") == 0  # nothing buried: the delayed job stays delayed
+        assert w.stats()["q"]["delayed"] == 1 and w.stats()["q"]["ready"] == 0
+        w.put("q", "bad")
+        with pytest.raises(PayloadError):
+            w.consume("q")  # buried
+        assert w.retry_errors("q") == 1
+        assert w.retry_errors("q") == 0
+        counts = w.stats()["q"]
+        assert (counts["ready"], counts["delayed"], counts["buried"]) == (1, 1, 0)
+
+
+def test_a_job_with_its_own_ttr_shorter_than_the_tubes_runs_once(tmp_path: Path) -> None:
+    """The job's own ttr (put by another client) sets its touches, not the tube's option:
+    under the default 60 s the worker touched every 20 s, and a job put with ttr=3 ran
+    out in a live worker and ran again in the other slot."""
+    clock = ManualClock(1_000_000.0)
+    with JobStore(tmp_path / "j", clock=clock) as store:
+        runs: list[Any] = []
+        running, finish = threading.Event(), threading.Event()
+        w = Worker(store, clock=clock)  # the tube's ttr: the default 60 s
+
+        @w.consumer("t", concurrency=2)
+        def c(p: int) -> None:
+            runs.append(p)
+            running.set()
+            finish.wait(30)
+
+        with w:
+            job_id = store.put(b"7", tube="t", ttr=3)
+            assert running.wait(30)
+            for _ in range(9):  # three times its ttr, a third of it at a time
+                first = store.peek(job_id)
+                assert first is not None
+                clock.advance(1.0)
+                deadline = time.monotonic() + 30
+                while (now := store.peek(job_id)) is not None and \
+                        now.ready_at == first.ready_at and time.monotonic() < deadline:
+                    threading.Event().wait(0.005)  # the watch thread touches it
+                assert now is not None and now.state == "reserved"
+                assert (now.reserves, now.timeouts) == (1, 0), "its ttr ran out"
+            finish.set()
+        assert runs == [7]
+
+
+@pytest.mark.parametrize("kind", ["memory", "store"])
+def test_health_recovers_when_the_job_that_failed_here_is_done_by_another_worker(
+        kind: str, tmp_path: Path) -> None:
+    clock = ManualClock()
+    with contextlib.ExitStack() as stack:
+        source: JobStore | MemorySource = (
+            MemorySource(clock) if kind == "memory"
+            else stack.enter_context(JobStore(tmp_path / "j", fsync="flush", clock=clock)))
+        a = Worker(source, clock=clock, grace=0.0, allowed_error_time=900.0,
+                   backoff=Backoff(base=1.0, jitter=0.0))
+        b = Worker(source, clock=clock, grace=0.0, allowed_error_time=900.0)
+        a.consumer("q", lambda p: 1 / 0)
+        b.consumer("q", lambda p: "done")
+        a.put("q", 1)
+        with pytest.raises(ZeroDivisionError):
+            a.consume("q")  # failed here: retrying
+        assert a.check_health() is True  # not for long yet
+        clock.advance(901)
+        assert a.check_health() is False  # failing for more than allowed_error_time
+        assert b.consume("q") == "done"  # done by the other worker
+        assert a.check_health() is True and a.healthy() is True
+        assert b.check_health() is True
+
+
+class Odd(BaseException):
+    """Not an Exception, not a request to stop."""
+
+
+def test_a_consumer_raising_systemexit_stops_the_worker_and_join_raises_it(
+        store: JobStore) -> None:
+    w = Worker(store)
+    w.consumer("t", lambda p: sys.exit(3))
+    with w:
+        job_id = w.put("t", 1)
+        with pytest.raises(SystemExit) as raised:
+            w.join(30)
+        assert raised.value.code == 3
+    job = store.peek(job_id)
+    assert job is not None and job.state == "ready" and not job.errors  # released
+    assert w.running() == {} and w.retry_stats() == {}  # not a failure, not running
+    assert w.join(0) is True  # raised once
+
+
+def test_another_base_exception_is_a_failure_and_the_slot_goes_on(store: JobStore) -> None:
+    done = threading.Event()
+
+    def c(p: int) -> None:
+        if p == 1:
+            raise Odd("odd")
+        done.set()
+
+    w = Worker(store, backoff=Backoff(base=60.0))
+    w.consumer("t", c)
+    with w:
+        first = w.put("t", 1, priority=0)
+        w.put("t", 2, priority=1)
+        assert done.wait(30)  # the same slot ran the next job
+        assert w.running() == {}
+    job = store.peek(first)
+    assert job is not None and job.state == "delayed"
+    head = job.errors[0].splitlines()[0]
+    assert head.startswith("#1 ") and head.endswith("Odd: odd")
+    assert w.retry_stats()["t"]["failures"] == 1

@@ -7,9 +7,10 @@ import contextlib
 import errno
 import logging
 import os
+import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,10 @@ class ConsumerGroup(Resource):
     ``ack`` commits the contiguous frontier (lowest offset still in flight, or the read
     position when none is); ``nack`` redelivers one message first on a later poll;
     ``seek`` repositions and persists the cursor.
+
+    An open group keeps its queue (``parent``) alive: a queue dropped while one of its groups
+    is open stays open until the group is closed or dropped. ``Queue.close()`` closes its
+    groups first; they raise ``ClosedError`` afterwards.
     """
 
     def __init__(
@@ -119,8 +124,10 @@ class ConsumerGroup(Resource):
         cursor_fsync: str | Fsync = Fsync.ASYNC,
         on_data_loss: str = "raise",
         registry: OpenGroups | None = None,
+        parent: object = None,
     ) -> None:
         self._closed = True
+        self._parent = parent  # kept alive while the group is: its flusher, lock and log
         if on_data_loss not in ("raise", "earliest"):
             raise ValueError(f"on_data_loss must be 'raise' or 'earliest', not {on_data_loss!r}")
         self.on_data_loss = on_data_loss
@@ -192,7 +199,12 @@ class ConsumerGroup(Resource):
         self._redeliver: list[int] = []  # nacked offsets, ascending; still in flight
         self._closed = False
         if registry is not None:
-            registry.add(self)
+            try:
+                registry.add(self)  # ClosedError if the queue closed meanwhile
+            except BaseException:
+                self._closed = True
+                self._finalizer()
+                raise
 
     # ------------------------------------------------------------------ reading
 
@@ -446,11 +458,6 @@ class ConsumerGroup(Resource):
 
     # ------------------------------------------------------------------ lifetime
 
-    def _check_owner(self) -> None:
-        """Raise ConcurrentUseError if another thread is inside a call on this group."""
-        with owned(self._fetch):
-            pass
-
     def close(self) -> None:
         """Final cursor msync, release the cursor file and its lock. Idempotent."""
         if self._closed:
@@ -469,6 +476,7 @@ class ConsumerGroup(Resource):
             lib.k7_reset(self._f, lib.k7_committed(self._f))
             if self._registry is not None:
                 self._registry.discard(self)
+            self._parent = None
             if err:
                 raise StorageError(
                     f"final cursor msync of {self.path} failed: {os.strerror(err)}",
@@ -523,22 +531,41 @@ class ConsumerGroup(Resource):
 class OpenGroups:
     """The open groups of one queue (held weakly), closed with it."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path) -> None:
+        self._path = path
         self._groups: weakref.WeakSet[ConsumerGroup] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._closed = False
 
     def add(self, group: ConsumerGroup) -> None:
-        self._groups.add(group)
+        """Register a group just opened; ClosedError if the queue was closed meanwhile (by
+        another thread), which then closes nothing for it."""
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"queue {self._path} is closed", path=self._path)
+            self._groups.add(group)
 
     def discard(self, group: ConsumerGroup) -> None:
-        self._groups.discard(group)
+        with self._lock:
+            self._groups.discard(group)
 
-    def check_idle(self) -> None:
-        """Raise ConcurrentUseError if another thread is inside a call on any of them."""
-        for g in list(self._groups):
-            g._check_owner()
+    @contextlib.contextmanager
+    def owned(self) -> Iterator[None]:
+        """Own every open group for the block (the queue's close): ConcurrentUseError, and
+        nothing owned, if another thread is inside a call on one of them; no other thread
+        enters one meanwhile."""
+        with contextlib.ExitStack() as stack:
+            with self._lock:
+                groups = list(self._groups)
+            for g in groups:
+                stack.enter_context(owned(g._fetch))
+            yield
 
     def close_all(self) -> K7Error | None:
-        """Close every group; the first error met (each is closed regardless)."""
+        """Close every group, and refuse new ones; the first error met (each is closed
+        regardless)."""
+        with self._lock:
+            self._closed = True
         first: K7Error | None = None
         for g in list(self._groups):
             try:

@@ -7,6 +7,8 @@ interval starts a flusher thread; the last one to leave stops and joins it.
 
 A slot leaves its flusher when it is closed or, at the latest, when it is collected: its C
 memory is freed only after it is out of the flusher's list (a pass never sees a freed slot).
+Leaving waits for a pass in progress, which may itself wait for a slot lock: a thread that
+holds one (a queue collected by the GC during a roll) puts the leave off until it lets go.
 """
 
 from __future__ import annotations
@@ -14,9 +16,21 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from ._kernel import ffi, lib
+
+
+class _Held(threading.local):
+    """Per thread: how many slot locks it holds, and the leaves put off until it holds none."""
+
+    def __init__(self) -> None:
+        self.locks = 0
+        self.later: list[Callable[[], object]] = []
+
+
+_held = _Held()
 
 
 class _Flusher:
@@ -134,7 +148,17 @@ class FlushSlot:
 
 def _leave(pool: FlusherPool, key: int, flusher: _Flusher, s: Any) -> bool:
     """Take slot ``s`` out of ``flusher``'s list (waits for a pass that is in it), then drop
-    the slot's count on the flusher. Run once: by close() or when the slot is collected."""
+    the slot's count on the flusher. Run once: by close() or when the slot is collected.
+
+    While this thread holds a slot lock, the pass may be waiting for it with the list held:
+    the slot is then synced and emptied now (what it points at may be freed next) and leaves
+    when the thread lets go of its last slot lock."""
+    if _held.locks:
+        with SlotLock(s):
+            lib.k7_slot_sync(s)
+            lib.k7_slot_set_writer(s, ffi.NULL)
+        _held.later.append(lambda: _leave(pool, key, flusher, s))
+        return True
     if flusher.pid == os.getpid():  # in a forked child no pass runs (its lock may be stuck)
         lib.k7_flusher_detach(flusher.f, s)
     pool._release(key, flusher)
@@ -151,6 +175,11 @@ class SlotLock:
 
     def __enter__(self) -> None:
         lib.k7_slot_lock(self._s)
+        _held.locks += 1
 
     def __exit__(self, et: object, ev: object, tb: object) -> None:
         lib.k7_slot_unlock(self._s)
+        held = _held
+        held.locks -= 1
+        while not held.locks and held.later:
+            held.later.pop()()

@@ -244,3 +244,19 @@ with tempfile.TemporaryDirectory() as d:
     a.close()
     assert _flusher_slots(interval) == 0
 """, timeout=120)
+
+
+def test_a_topic_consumer_raises_closed_after_its_topic_is_closed(tmp_path: Path) -> None:
+    from k7core.topics import Topic
+
+    t = Topic(tmp_path / "t", 2, segment_size=SMALL)
+    t.send_many([b"x%d" % i for i in range(4)])
+    c = t.consumer("g")
+    recs = c.poll(10, 0)
+    closer = threading.Thread(target=t.close)
+    closer.start()
+    closer.join(DEADLINE)
+    with pytest.raises(k7core.ClosedError):
+        c.poll(10, 0)
+    assert c.ack_many(recs) == 0  # its partition groups are closed: nothing is in flight
+    assert sorted(bytes(r.value) for r in recs) == [b"x%d" % i for i in range(4)]

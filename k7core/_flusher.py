@@ -3,16 +3,34 @@ that uses the same commit interval (64 partition queues cost one thread, not 64)
 
 A queue takes a :class:`FlushSlot` (its writer and its async cursors, behind the slot's
 own lock, which also keeps the queue's rolls apart from a flush pass). The first slot of an
-interval starts a flusher thread; the last one to close stops and joins it.
+interval starts a flusher thread; the last one to leave stops and joins it.
+
+A slot leaves its flusher when it is closed or, at the latest, when it is collected: its C
+memory is freed only after it is out of the flusher's list (a pass never sees a freed slot).
+Leaving waits for a pass in progress, which may itself wait for a slot lock: a thread that
+holds one (a queue collected by the GC during a roll) puts the leave off until it lets go.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from ._kernel import ffi, lib
+
+
+class _Held(threading.local):
+    """Per thread: how many slot locks it holds, and the leaves put off until it holds none."""
+
+    def __init__(self) -> None:
+        self.locks = 0
+        self.later: list[Callable[[], object]] = []
+
+
+_held = _Held()
 
 
 class _Flusher:
@@ -25,6 +43,7 @@ class _Flusher:
         self.f: Any = ffi.gc(f, lib.k7_flusher_free)
         self.bell: Any = lib.k7_flusher_bell(self.f)
         self.slots = 0
+        self.pid = os.getpid()  # a forked child has the memory but not the thread
         self._thread = threading.Thread(
             target=lib.k7_flusher_run, args=(self.f,),
             name=f"k7-flusher-{interval_ns / 1e3:g}us", daemon=True,
@@ -40,13 +59,14 @@ class FlusherPool:
     """The process's flushers, one per commit interval, shared by reference count."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # reentrant: a slot collected by the GC while this thread holds it leaves (_release)
+        self._lock = threading.RLock()
         self._flushers: dict[int, _Flusher] = {}
         os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:
         """In a forked child: the parent's flusher threads do not exist here."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._flushers = {}
 
     def threads(self) -> int:
@@ -61,9 +81,12 @@ class FlusherPool:
             fl = self._flushers.get(key)
             if fl is None:
                 fl = self._flushers[key] = _Flusher(key)
-            slot = FlushSlot(self, key, fl)
-            fl.slots += 1
-        return slot
+            fl.slots += 1  # counted first: a slot collected meanwhile cannot stop this flusher
+            try:
+                return FlushSlot(self, key, fl)
+            except BaseException:
+                self._release(key, fl)
+                raise
 
     def _release(self, key: int, fl: _Flusher) -> None:
         with self._lock:
@@ -82,18 +105,19 @@ class FlushSlot:
     background. ``lock`` keeps a roll (or a sync) apart from a flush pass."""
 
     def __init__(self, pool: FlusherPool, key: int, flusher: _Flusher) -> None:
+        """Attach a new slot to ``flusher`` (whose count already includes it: on failure the
+        caller releases it)."""
         s = lib.k7_slot_new()
         if s == ffi.NULL:
             raise MemoryError("cannot allocate a flusher slot")
+        # freed when the last reference goes (the SlotLock, a holder of ``lock``), which is
+        # after ``_leave`` took it out of the flusher's list: ``_leave`` holds it until then
         self._s: Any = ffi.gc(s, lib.k7_slot_free)
-        self._pool, self._key, self._flusher = pool, key, flusher
         self.bell: Any = flusher.bell
         self.lock = SlotLock(self._s)
-        self._attached = False
         if lib.k7_flusher_attach(flusher.f, self._s):
-            pool._release(key, flusher)
             raise MemoryError("cannot attach a queue to the flusher")
-        self._attached = True
+        self._leave = weakref.finalize(self, _leave, pool, key, flusher, self._s)
 
     @property
     def error(self) -> int:
@@ -116,13 +140,29 @@ class FlushSlot:
     def close(self) -> int:
         """Leave the flusher (no pass touches the slot after this), then sync what is left
         once; return the first errno met by any pass (0: none). Idempotent."""
-        if self._attached:
-            self._attached = False
-            lib.k7_flusher_detach(self._flusher.f, self._s)
+        if self._leave():  # the first close (a finalizer runs once)
             with self.lock:
                 lib.k7_slot_sync(self._s)
-            self._pool._release(self._key, self._flusher)
         return self.error
+
+
+def _leave(pool: FlusherPool, key: int, flusher: _Flusher, s: Any) -> bool:
+    """Take slot ``s`` out of ``flusher``'s list (waits for a pass that is in it), then drop
+    the slot's count on the flusher. Run once: by close() or when the slot is collected.
+
+    While this thread holds a slot lock, the pass may be waiting for it with the list held:
+    the slot is then synced and emptied now (what it points at may be freed next) and leaves
+    when the thread lets go of its last slot lock."""
+    if _held.locks:
+        with SlotLock(s):
+            lib.k7_slot_sync(s)
+            lib.k7_slot_set_writer(s, ffi.NULL)
+        _held.later.append(lambda: _leave(pool, key, flusher, s))
+        return True
+    if flusher.pid == os.getpid():  # in a forked child no pass runs (its lock may be stuck)
+        lib.k7_flusher_detach(flusher.f, s)
+    pool._release(key, flusher)
+    return True
 
 
 class SlotLock:
@@ -135,6 +175,11 @@ class SlotLock:
 
     def __enter__(self) -> None:
         lib.k7_slot_lock(self._s)
+        _held.locks += 1
 
     def __exit__(self, et: object, ev: object, tb: object) -> None:
         lib.k7_slot_unlock(self._s)
+        held = _held
+        held.locks -= 1
+        while not held.locks and held.later:
+            held.later.pop()()

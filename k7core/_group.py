@@ -7,9 +7,10 @@ import contextlib
 import errno
 import logging
 import os
+import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,6 @@ from ._checks import check_count, check_timeout
 from ._errors import (
     ClosedError,
     CorruptFrameError,
-    CursorError,
     DataLossError,
     GroupBusyError,
     K7Error,
@@ -33,21 +33,20 @@ from ._format import (
     cursor_name,
     encode_cursor,
     parse_fsync,
-    segment_name,
 )
 from ._kernel import SCAN_CORRUPT, address, ffi, lib, owned
 from ._log import LogView
 from ._native._fast import Fetcher, message_offset
+from ._offsets import check_cursor as check_cursor
+from ._offsets import check_offset as check_offset
 from ._reader import Reader, lag_messages
 from ._resource import Resource
 from ._stats import GroupStats
 from ._storage import (
     Mapping,
-    frame_start_error,
     fsync_dir,
     fsync_file,
     list_segments,
-    map_file,
     open_fd,
     preallocate,
     try_lock,
@@ -109,6 +108,10 @@ class ConsumerGroup(Resource):
     ``ack`` commits the contiguous frontier (lowest offset still in flight, or the read
     position when none is); ``nack`` redelivers one message first on a later poll;
     ``seek`` repositions and persists the cursor.
+
+    An open group keeps its queue (``parent``) alive: a queue dropped while one of its groups
+    is open stays open until the group is closed or dropped. ``Queue.close()`` closes its
+    groups first; they raise ``ClosedError`` afterwards.
     """
 
     def __init__(
@@ -119,8 +122,10 @@ class ConsumerGroup(Resource):
         cursor_fsync: str | Fsync = Fsync.ASYNC,
         on_data_loss: str = "raise",
         registry: OpenGroups | None = None,
+        parent: object = None,
     ) -> None:
         self._closed = True
+        self._parent = parent  # kept alive while the group is: its flusher, lock and log
         if on_data_loss not in ("raise", "earliest"):
             raise ValueError(f"on_data_loss must be 'raise' or 'earliest', not {on_data_loss!r}")
         self.on_data_loss = on_data_loss
@@ -192,7 +197,12 @@ class ConsumerGroup(Resource):
         self._redeliver: list[int] = []  # nacked offsets, ascending; still in flight
         self._closed = False
         if registry is not None:
-            registry.add(self)
+            try:
+                registry.add(self)  # ClosedError if the queue closed meanwhile
+            except BaseException:
+                self._closed = True
+                self._finalizer()
+                raise
 
     # ------------------------------------------------------------------ reading
 
@@ -446,11 +456,6 @@ class ConsumerGroup(Resource):
 
     # ------------------------------------------------------------------ lifetime
 
-    def _check_owner(self) -> None:
-        """Raise ConcurrentUseError if another thread is inside a call on this group."""
-        with owned(self._fetch):
-            pass
-
     def close(self) -> None:
         """Final cursor msync, release the cursor file and its lock. Idempotent."""
         if self._closed:
@@ -469,6 +474,7 @@ class ConsumerGroup(Resource):
             lib.k7_reset(self._f, lib.k7_committed(self._f))
             if self._registry is not None:
                 self._registry.discard(self)
+            self._parent = None
             if err:
                 raise StorageError(
                     f"final cursor msync of {self.path} failed: {os.strerror(err)}",
@@ -523,22 +529,41 @@ class ConsumerGroup(Resource):
 class OpenGroups:
     """The open groups of one queue (held weakly), closed with it."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path) -> None:
+        self._path = path
         self._groups: weakref.WeakSet[ConsumerGroup] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._closed = False
 
     def add(self, group: ConsumerGroup) -> None:
-        self._groups.add(group)
+        """Register a group just opened; ClosedError if the queue was closed meanwhile (by
+        another thread), which then closes nothing for it."""
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"queue {self._path} is closed", path=self._path)
+            self._groups.add(group)
 
     def discard(self, group: ConsumerGroup) -> None:
-        self._groups.discard(group)
+        with self._lock:
+            self._groups.discard(group)
 
-    def check_idle(self) -> None:
-        """Raise ConcurrentUseError if another thread is inside a call on any of them."""
-        for g in list(self._groups):
-            g._check_owner()
+    @contextlib.contextmanager
+    def owned(self) -> Iterator[None]:
+        """Own every open group for the block (the queue's close): ConcurrentUseError, and
+        nothing owned, if another thread is inside a call on one of them; no other thread
+        enters one meanwhile."""
+        with contextlib.ExitStack() as stack:
+            with self._lock:
+                groups = list(self._groups)
+            for g in groups:
+                stack.enter_context(owned(g._fetch))
+            yield
 
     def close_all(self) -> K7Error | None:
-        """Close every group; the first error met (each is closed regardless)."""
+        """Close every group, and refuse new ones; the first error met (each is closed
+        regardless)."""
+        with self._lock:
+            self._closed = True
         first: K7Error | None = None
         for g in list(self._groups):
             try:
@@ -546,74 +571,3 @@ class OpenGroups:
             except K7Error as exc:
                 first = first or exc
         return first
-
-
-def check_cursor(directory: Path, group: str, committed: int, end: int) -> CursorError | None:
-    """The error to report if ``committed``, group ``group``'s stored cursor, is not an
-    offset it may read from (:func:`check_offset`): checked when a group opens."""
-    return check_offset(
-        directory, committed, end, said=f"the cursor of group {group!r} is",
-        path=directory / cursor_name(group),
-    )
-
-
-def check_offset(
-    directory: Path, offset: int, end: int, *, said: str, path: Path
-) -> CursorError | None:
-    """The error to report if a group may not read from ``offset`` in the log of
-    ``directory`` that ends at ``end``: negative, past the end, or not where a frame starts
-    (see :func:`frame_start_error`: one header walk of its segment, more only when it is
-    refused or lies past damage). None when it may, or when it lies before the first segment
-    (deleted by retention: ``poll`` reports that, see ``on_data_loss``). The message begins
-    with ``said``; ``path`` is the cursor file."""
-    hint = (
-        f"seek({end}) to continue with new messages, or seek(queue.earliest()) to replay "
-        "the log"
-    )
-    if offset < 0 or offset > end:
-        where = "negative" if offset < 0 else f"beyond the end of the log ({end})"
-        return CursorError(
-            f"{said} {offset}: {where}", path=path, offset=offset, end=end, hint=hint
-        )
-    bases = list_segments(directory)
-    i = bisect.bisect_right(bases, offset) - 1
-    if offset == end or i < 0 or bases[i] == offset:
-        return None
-    base = bases[i]
-    region = (bases[i + 1] if i + 1 < len(bases) else end) - base
-    found = _frame_start_error(directory / segment_name(base), offset - base, region)
-    if found is None:
-        return None
-    start, boundary = base + found[0], base + found[1]
-    where = (
-        f"inside a frame of {segment_name(base)} (it starts at {start}, the next one at "
-        f"{boundary})" if start >= base else
-        f"not the start of a valid frame of {segment_name(base)}, which is damaged at or "
-        f"before it (the next valid position is {boundary})"
-    )
-    return CursorError(
-        f"{said} {offset}: {where}",
-        path=path, offset=offset, end=end, boundary=boundary,
-        hint=f"seek({boundary}) to continue from the next frame; " + hint,
-    )
-
-
-def _frame_start_error(path: Path, local: int, region: int) -> tuple[int, int] | None:
-    """:func:`frame_start_error` for position ``local`` of the segment file at ``path``,
-    whose data may span ``region`` bytes; the next position is ``region`` (the next
-    segment, or the end) when none is found before. None when the file is gone or empty
-    (the reader reports that)."""
-    try:
-        m = map_file(path, writable=False)
-    except StorageError:
-        return None
-    if m is None:
-        return None
-    try:
-        limit = min(m.size, region)
-        found = frame_start_error(m, local, limit)
-    finally:
-        m.close()
-    if found is None:
-        return None
-    return found[0], found[1] if found[1] < limit else region

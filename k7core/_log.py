@@ -6,11 +6,13 @@ A :class:`LogView` is what :class:`Reader` and :class:`ConsumerGroup` receive in
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ._errors import ClosedError
 from ._flusher import FLUSHERS, FlushSlot
 from ._kernel import lib
 from ._options import QueueOptions
@@ -27,19 +29,27 @@ class LogView:
     ``floor_end`` is the end found at open when no writer holds the directory. It also
     holds the queue's place in the background flusher (``flush_slot``), taken on first
     use, which the writer's ``"async"`` strategy and the async cursors share.
+
+    Lifetime: whatever points at ``pub`` (the writer, every reader and group) holds this
+    view, and the view holds what ``pub`` lies in (``keep``: the position file's map), so
+    ``pub`` stays mapped as long as any of them lives, even after the queue is closed.
     """
 
     def __init__(
-        self, path: Path, options: QueueOptions, pub: Any, *, polled: bool, floor_end: int = 0
+        self, path: Path, options: QueueOptions, pub: Any, *, polled: bool, floor_end: int = 0,
+        keep: object = None,
     ) -> None:
         self.path = path
         self.options = options
         self.pub = pub
         self.polled = polled
         self.floor_end = floor_end
+        self._keep = keep
         self._bases: list[int] = []
         self._written: Callable[[], int] | None = None
         self._slot: FlushSlot | None = None
+        self._slot_lock = threading.Lock()  # the first async groups may open in two threads
+        self._closed = False
 
     # ------------------------------------------------------------------ the end
 
@@ -83,15 +93,26 @@ class LogView:
     # ------------------------------------------------------------------ flushing
 
     def flush_slot(self) -> FlushSlot:
-        """The queue's slot in the flusher of its ``commit_interval`` (taken now if needed)."""
-        if self._slot is None:
-            self._slot = FLUSHERS.attach(self.options.commit_interval)
-        return self._slot
+        """The queue's slot in the flusher of its ``commit_interval`` (taken now if needed;
+        ``ClosedError`` once the queue is closed: a slot taken then would never be left)."""
+        slot = self._slot
+        if slot is not None:
+            return slot
+        with self._slot_lock:
+            if self._slot is None:
+                if self._closed:
+                    raise ClosedError(f"queue {self.path} is closed", path=self.path)
+                self._slot = FLUSHERS.attach(self.options.commit_interval)
+            return self._slot
 
     @property
     def has_flush_slot(self) -> bool:
         return self._slot is not None
 
     def close(self) -> int:
-        """Leave the flusher after a last pass; the first errno any pass met (0: none)."""
-        return self._slot.close() if self._slot is not None else 0
+        """Leave the flusher after a last pass; the first errno any pass met (0: none).
+        The view stays readable (``pub`` mapped) for whoever still holds it."""
+        with self._slot_lock:
+            self._closed = True
+            slot = self._slot
+        return slot.close() if slot is not None else 0

@@ -79,7 +79,6 @@ class _Resources:
 
     def __init__(self) -> None:
         self.lock_fd = -1
-        self.pos_map: Mapping | None = None
         self.log: LogView | None = None
         self.writer: SegmentWriter | None = None
         self.bulk: BulkReader | None = None
@@ -94,9 +93,6 @@ class _Resources:
             self.writer.release()
         if self.shared is not None:
             self.shared.leave()
-        if self.pos_map is not None:
-            self.pos_map.close()
-            self.pos_map = None
         if self.lock_fd >= 0:
             os.close(self.lock_fd)
             self.lock_fd = -1
@@ -155,7 +151,7 @@ class Queue(Resource):
             file_mode=file_mode, writers=writers,
         )
         self._events: list[RecoveryEvent] = []
-        self._groups = OpenGroups()
+        self._groups = OpenGroups(self._path)
         self._r = _Resources()
         self._finalizer = weakref.finalize(self, self._r.release)
         try:
@@ -305,10 +301,11 @@ class Queue(Resource):
         try:
             if os.fstat(fd).st_size < POSITION_FILE_SIZE:
                 preallocate(fd, POSITION_FILE_SIZE, path)
-            self._r.pos_map = m = Mapping(fd, POSITION_FILE_SIZE, writable=True)
+            m = Mapping(fd, POSITION_FILE_SIZE, writable=True)
         finally:
             os.close(fd)
-        return LogView(self._path, self._opts, ffi.cast("k7_pos *", m.ptr), polled=False)
+        # the view keeps the map: readers and groups still holding it never see it unmapped
+        return LogView(self._path, self._opts, ffi.cast("k7_pos *", m.ptr), polled=False, keep=m)
 
     # ------------------------------------------------------------------ writing
 
@@ -406,6 +403,7 @@ class Queue(Resource):
         after = check_int(after, "after", -1, MAX_OFFSET)
         deadline = time.monotonic() + check_timeout(timeout)
         while True:
+            self._check_open()  # closed by another thread meanwhile
             end = self._log.visible_end()
             left = deadline - time.monotonic()
             if end > after or left <= 0:
@@ -442,7 +440,7 @@ class Queue(Resource):
         self._check_open()
         return ConsumerGroup(
             self._log, name, cursor_fsync=cursor_fsync, on_data_loss=on_data_loss,
-            registry=self._groups,
+            registry=self._groups, parent=self,
         )
 
     def read_columnar(self, offset: int, max_messages: int = 65536) -> ColumnarBatch:
@@ -516,9 +514,8 @@ class Queue(Resource):
         if self._closed:
             return
         # Another thread inside enqueue or poll: refuse (ConcurrentUseError) before anything
-        # is released under it.
-        self._groups.check_idle()
-        with owned(self._fa):
+        # is released under it; owned until closed, so that none enters meanwhile.
+        with self._groups.owned(), owned(self._fa):
             self._close()
 
     def _close(self) -> None:

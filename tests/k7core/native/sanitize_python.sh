@@ -7,7 +7,9 @@
 # (the fast paths of _fast, the kernel's fault-injection global, the flusher thread),
 # a damaged directory (the cursor walk, the SIGBUS guard's zero pages), permissions, and
 # shared writers (the lock and recovery paths, in writer processes the tests start and kill:
-# they inherit the preload and import the instrumented copy).
+# they inherit the preload and import the instrumented copy), and the lifetimes of what a
+# queue maps (the stress run's threads open, use, drop and close queues, groups, k7async
+# channels and topic consumers at random: a use after free is reported here).
 # Any sanitizer report, in the test process or a child, fails the run (nonzero exit, the
 # reports on stderr). PYTHON picks the
 # interpreter (it needs pytest, hypothesis, crc32c, cffi, setuptools); CC the compiler.
@@ -24,7 +26,8 @@ if [ "$#" -eq 0 ]; then
     set -- tests/k7core/native/test_kernel.py tests/k7core/test_recovery.py tests/k7core/test_format.py \
         tests/k7core/test_api.py tests/k7core/test_faults.py tests/k7core/test_spare.py \
         tests/k7core/test_threads.py tests/k7core/test_damage.py tests/k7core/test_permissions.py \
-        tests/k7core/test_shared_writers.py
+        tests/k7core/test_shared_writers.py tests/k7core/test_lifetimes.py \
+        tests/k7core/test_lifetime_stress.py
 fi
 python="$(command -v "${PYTHON:-python3}")"
 case "$python" in /*) ;; *) python="$PWD/$python" ;; esac  # not resolved: keep the venv

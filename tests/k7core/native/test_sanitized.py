@@ -6,8 +6,9 @@
   seeds).
 * ``tests/k7core/native/sanitize_python.sh`` builds both compiled modules (``_k7``, the one build of
   ``k7.c``, and ``_fast``, which calls it) with the same sanitizers in a copy of the package and
-  runs the Python kernel, recovery, format, API, fault, spare, thread and shared-writer tests
-  against them (the shared writers' child processes included).
+  runs the Python kernel, recovery, format, API, fault, spare, thread, shared-writer and
+  lifetime tests against them (their child processes included: the shared writers, the
+  lifetime stress run).
 
 Any sanitizer report, broken invariant or failed test fails these tests with the output.
 """

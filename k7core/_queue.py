@@ -279,14 +279,14 @@ class Queue(Resource):
                     tail = sw.tail()
                 lg.set_segment_bases(tail.bases)
                 w = self._writer = self._r.writer = SegmentWriter(
-                    lg, self._opts, tail, lambda: retention.apply(w.base), shared=sw,
-                    events=self._events,
+                    lg, self._opts, tail, lambda incoming: retention.apply(w.base, incoming),
+                    shared=sw, events=self._events,
                 )
         else:
             tail = recover(path, self._opts, self._events)
             lg.set_segment_bases(tail.bases)
             w = self._writer = self._r.writer = SegmentWriter(
-                lg, self._opts, tail, lambda: retention.apply(w.base)
+                lg, self._opts, tail, lambda incoming: retention.apply(w.base, incoming)
             )
         self._fa = w.fa
         with owned(w.fa), w.locked():

@@ -63,8 +63,11 @@ _from_buffer = ffi.from_buffer
 
 
 class SegmentWriter:
-    """Appends to the log of ``log.path`` from the recovered ``tail``; ``on_roll`` runs after
-    every roll (retention). ``fa`` is the C fast path; ``c`` the ``k7_writer`` (counters).
+    """Appends to the log of ``log.path`` from the recovered ``tail``. ``retain(incoming)``
+    applies retention: after every roll (``incoming`` 0), and before a roll's new segment
+    that a full disk refused (``incoming``: its size, counted as ``retention_bytes`` would
+    count it after the roll); it returns the bases it deleted. ``fa`` is the C fast path;
+    ``c`` the ``k7_writer`` (counters).
 
     With ``shared`` (writers="shared"), every append, roll and recovery happens under the
     directory's shared lock: the kernel takes it on the fast path and returns BUSY, RECOVER,
@@ -73,7 +76,8 @@ class SegmentWriter:
     ``tail`` is then where the log ended when this writer joined."""
 
     def __init__(
-        self, log_view: LogView, options: QueueOptions, tail: Tail, on_roll: Callable[[], Any],
+        self, log_view: LogView, options: QueueOptions, tail: Tail,
+        retain: Callable[[int], list[int]],
         *, shared: SharedWriters | None = None, events: list[RecoveryEvent] | None = None,
     ) -> None:
         self._log = log_view
@@ -81,7 +85,7 @@ class SegmentWriter:
         self._events = events if events is not None else []
         self._opts = options
         self._path = log_view.path
-        self._on_roll = on_roll
+        self._retain = retain
         self._closed = False
         self._spare: SpareSegment | None = None
         self._seg_id: tuple[int, int] | None = None  # (device, inode) of the segment written
@@ -264,9 +268,7 @@ class SegmentWriter:
         spare, self._spare = self._spare, None
         m = spare.take(dest) if spare is not None else None
         if m is None:
-            # on failure (a full disk) no file is left: the writer goes on in this segment
-            create_segment(self._path, new_base, self._opts.segment_size, durable=durable,
-                           mode=self._opts.file_mode)
+            self._create_segment(new_base)
             try:
                 m = map_file(dest, writable=True)
             except BaseException:
@@ -285,7 +287,20 @@ class SegmentWriter:
         old.close()
         self._log.set_segment_bases([*self._log.segment_bases(), new_base])
         self._note_segment(new_base)
-        self._on_roll()
+        self._retain(0)
+
+    def _create_segment(self, base: int) -> None:
+        """Create the segment a roll goes to. On a full disk, retention runs first (what it
+        deletes was sealed before; without it, a disk filled by a consumed log would refuse
+        every roll): the creation is tried once more if it deleted something. On failure
+        no file is left, and the writer goes on in the segment it writes."""
+        size, mode, durable = self._opts.segment_size, self._opts.file_mode, self._opts.durable
+        try:
+            create_segment(self._path, base, size, durable=durable, mode=mode)
+        except StorageError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not self._retain(size):
+                raise
+            create_segment(self._path, base, size, durable=durable, mode=mode)
 
     def _prepare_spare(self, *, prefault: bool = True) -> None:
         """Start preparing the next segment. Pre-faulting dirties its pages (the kernel may

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import ClosedError, QueueLockedError, StorageError
+from ._errors import ClosedError, LockTimeoutError, QueueLockedError, StorageError
 from ._format import (
     SHARED_PIDS,
     SPARE_MIN_SIZE,
@@ -29,6 +29,7 @@ from ._kernel import (
     BADOFFSETS,
     BUSY,
     EIO,
+    LOCKTIMEOUT,
     NOFIT,
     RECOVER,
     REMAP,
@@ -101,6 +102,8 @@ class SegmentWriter:
         w.max_frame = options.segment_size
         if shared is not None:
             w.sh = shared.sh
+            w.pid = os.getpid()
+            w.lock_timeout_ns = round(options.lock_timeout * 1e9)
         self.fa = Appender(address(w))
         seg = self._path / segment_name(tail.base)
         if shared is None or shared.first:
@@ -155,6 +158,8 @@ class SegmentWriter:
                     self.roll()
                 elif rc in (BUSY, RECOVER, REMAP):
                     self._hold()
+                elif rc == LOCKTIMEOUT:
+                    self._raise_lock_timeout()
                 else:
                     return rc
                 rc = self.fa.append(data)
@@ -184,6 +189,8 @@ class SegmentWriter:
                     self.roll()
                 elif out in (BUSY, RECOVER, REMAP):
                     self._hold()
+                elif out == LOCKTIMEOUT:
+                    self._raise_lock_timeout()
                 else:
                     raise AssertionError(f"unexpected append_many result {out}")
                 out = self.fa.append_many(items, len(offsets))
@@ -216,6 +223,8 @@ class SegmentWriter:
                 if rc in (BUSY, RECOVER, REMAP):
                     self._hold()
                     continue
+                if rc == LOCKTIMEOUT:
+                    self._raise_lock_timeout()
                 self._check_size(offsets[done + 1] - offsets[done])
                 self.roll()
             return out
@@ -362,9 +371,23 @@ class SegmentWriter:
                 self._recover_dead()
             elif rc == REMAP:
                 self._follow()
+            elif rc == LOCKTIMEOUT:
+                self._raise_lock_timeout()
             else:
                 self.raise_eio()
         raise AssertionError("the shared state did not settle")  # pragma: no cover
+
+    def _raise_lock_timeout(self) -> None:
+        """The shared lock stayed taken for ``lock_timeout`` (the kernel named its holder)."""
+        pid = int(self.c.holder)
+        who = f"process {pid}" if pid else "another process (its pid not yet recorded)"
+        raise LockTimeoutError(
+            f"{who} held the shared writers' lock of {self._path} for more than "
+            f"lock_timeout={self._opts.lock_timeout:g} s; nothing was written",
+            pid=pid, path=self._path,
+            hint=f"that process is stopped (SIGSTOP, a debugger) or stuck: resume (kill -CONT "
+            f"{pid or '<pid>'}) or end it, then retry; a dead holder's lock passes on by itself",
+        )
 
     def _follow(self) -> None:
         """Under the shared lock: map the segment another writer rolled to, and write there."""
@@ -483,8 +506,13 @@ class SegmentWriter:
             # gone even if this msync succeeds
             err = int(lib.k7_writer_sync(self.c)) or int(self.c.err)
         if self._shared is not None:
-            with contextlib.suppress(StorageError):  # a dead state: nobody to tell
+            try:
                 self._register(0)
+            except LockTimeoutError as exc:  # close anyway; its entry stays in the writers
+                log.warning("k7core: closing %s without leaving the shared writers' list: "
+                            "%s", self._path, exc)
+            except StorageError:  # a dead state: nobody to tell
+                pass
         return err
 
     def release(self) -> None:

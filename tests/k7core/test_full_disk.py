@@ -228,9 +228,11 @@ def test_roll_on_a_full_disk_frees_what_retention_allows_first(
     sealed segment (consumed since the last roll, over the byte limit with the new segment
     counted, or aged since): the roll deletes it first and succeeds, so appends go on."""
     qdir = small_fs / "q"
-    opts: dict[str, object] = {"segment_size": SEGMENT, "fsync": "flush", "writers": writers}
-    opts.update({"consumed": {"retention": "consumed"}, "bytes": {"retention_bytes": 2 * SEGMENT},
-                 "age": {"retention_age": 3600.0}}[policy])
+    policies: dict[str, dict[str, object]] = {
+        "consumed": {"retention": "consumed"}, "bytes": {"retention_bytes": 2 * SEGMENT},
+        "age": {"retention_age": 3600.0},
+    }
+    opts = {"segment_size": SEGMENT, "fsync": "flush", "writers": writers, **policies[policy]}
     log = Log()
     with k7core.Queue(qdir, **opts) as q, q.consumer_group("g") as g:  # type: ignore[arg-type]
         i = 0

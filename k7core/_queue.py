@@ -221,6 +221,11 @@ class Queue(Resource):
         """``"exclusive"`` (the one writer of the directory) or ``"shared"``."""
         return self._opts.writers
 
+    @property
+    def lock_timeout(self) -> float:
+        """Seconds a shared writer waits for a lock another process holds."""
+        return self._opts.lock_timeout
+
     # ------------------------------------------------------------------ open
 
     def _open(self) -> None:

@@ -379,7 +379,7 @@ class SegmentWriter:
 
     def _raise_lock_timeout(self) -> None:
         """The shared lock stayed taken for ``lock_timeout`` (the kernel named its holder)."""
-        pid = int(self.c.holder)
+        pid = process_of(int(self.c.holder))
         who = f"process {pid}" if pid else "another process (its pid not yet recorded)"
         raise LockTimeoutError(
             f"{who} held the shared writers' lock of {self._path} for more than "
@@ -521,6 +521,19 @@ class SegmentWriter:
             self._spare.discard()
             self._spare = None
         self._seg_map.close()
+
+
+def process_of(tid: int) -> int:
+    """The process of thread ``tid`` (Linux: its ``Tgid``); ``tid`` itself where that cannot
+    be read (the first thread of a process has the process's id)."""
+    try:
+        with open(f"/proc/{tid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return tid
 
 
 class _NoLock:

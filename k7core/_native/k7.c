@@ -380,7 +380,7 @@ int k7_bell_wait(k7_bell *b, uint32_t seen, int64_t timeout_ns) {
  * there.
  * A holder that is stopped (SIGSTOP, a debugger), not dead, keeps its lock: no wait on it
  * lasts longer than the waiter's w->lock_timeout_ns. A wait for mu then ends in
- * K7_LOCKTIMEOUT, naming the holder (`holder`, stored by each locker). An msync that has run
+ * K7_LOCKTIMEOUT, naming the holder (the thread id the lock word holds). An msync that has run
  * that long is taken for stuck: the waiters msync [synced, end) themselves without sync_mu
  * (sync_mu only makes one msync serve many; synced only grows, by CAS). */
 
@@ -422,8 +422,8 @@ struct k7_shared {
     uint32_t gathering;      /* atomic: a leader sleeps on arrivals */
     int64_t sync_ns;         /* atomic: how long the last msync took */
     int32_t pids[K7_SHARED_PIDS];  /* under mu: the writing processes (0: free) */
-    int32_t holder;          /* atomic: the pid holding mu (0: none, or not stored yet) */
     int32_t sync_holder;     /* atomic: the pid holding sync_mu (0: none, or not stored yet) */
+    int32_t pad_;
     int64_t sync_since;      /* atomic: when sync_mu's holder took it (CLOCK_MONOTONIC ns) */
 };
 
@@ -467,14 +467,39 @@ k7_shared *k7_shared_attach(uint8_t *map, int64_t len) {
     return s;
 }
 
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 30)
+#define K7_CLOCKLOCK 1                 /* pthread_mutex_clocklock (glibc 2.30) */
+#define K7_LOCK_CLOCK CLOCK_MONOTONIC
+#else
+#define K7_CLOCKLOCK 0
+#define K7_LOCK_CLOCK CLOCK_REALTIME   /* pthread_mutex_timedlock's clock */
+#endif
+
 /* Lock m, waiting at most timeout_ns: 0, EOWNERDEAD, ETIMEDOUT or an errno. */
 static int lock_within(pthread_mutex_t *m, int64_t timeout_ns) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(K7_LOCK_CLOCK, &ts);
     int64_t t = (int64_t)ts.tv_nsec + (timeout_ns > 0 ? timeout_ns : 0);
     ts.tv_sec += (time_t)(t / 1000000000LL);
     ts.tv_nsec = (long)(t % 1000000000LL);
-    return pthread_mutex_clocklock(m, CLOCK_MONOTONIC, &ts);
+#if K7_CLOCKLOCK
+    return pthread_mutex_clocklock(m, K7_LOCK_CLOCK, &ts);
+#else
+    return pthread_mutex_timedlock(m, &ts);
+#endif
+}
+
+/* The thread holding m (its id; a process's first thread has the process's), read from the
+ * lock word: a robust mutex keeps there what the futex ABI says (the owner's TID, and the
+ * FUTEX_WAITERS and FUTEX_OWNER_DIED bits), set by the atomic operation that takes it, so
+ * it is never out of date. 0 where that word's place is not known. */
+static int32_t lock_owner(pthread_mutex_t *m) {
+#if defined(__GLIBC__) && defined(__linux__)
+    return (int32_t)(__atomic_load_n(&m->__data.__lock, __ATOMIC_RELAXED) & FUTEX_TID_MASK);
+#else
+    (void)m;
+    return 0;
+#endif
 }
 
 /* Lock mu (block: wait, at most w->lock_timeout_ns; else K7_BUSY when taken) unless held;
@@ -490,7 +515,7 @@ static int shared_enter(k7_writer *w, int block) {
         if (rc == EBUSY && block) rc = lock_within(&s->mu, w->lock_timeout_ns);
         if (rc == EBUSY && !block) return K7_BUSY;
         if (rc == ETIMEDOUT) {
-            w->holder = __atomic_load_n(&s->holder, __ATOMIC_RELAXED);
+            w->holder = lock_owner(&s->mu);
             return K7_LOCKTIMEOUT;
         }
         if (rc == EOWNERDEAD) {
@@ -504,7 +529,6 @@ static int shared_enter(k7_writer *w, int block) {
             return K7_EIO;
         }
         w->held = 1;
-        __atomic_store_n(&s->holder, w->pid, __ATOMIC_RELAXED);
     }
     if (s->recover) return K7_RECOVER;
     if (s->base != w->base) return K7_REMAP;
@@ -517,7 +541,6 @@ int k7_shared_lock(k7_writer *w) { return shared_enter(w, 1); }
 void k7_shared_release(k7_writer *w) {
     if (w->sh && w->held) {
         w->held = 0;
-        __atomic_store_n(&w->sh->holder, 0, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&w->sh->mu);
     }
 }

@@ -50,7 +50,8 @@
 #define K7_RECOVER (-6)    /* a writer died holding the lock: cut its tail, k7_shared_recovered */
 #define K7_REMAP (-7)      /* another writer rolled: map the segment at k7_shared_state's base */
 /* The shared lock stayed taken for w->lock_timeout_ns (its holder is stopped or stuck, not
- * dead: a dead one's lock passes on): not held; w->holder is the holder's pid (0: unknown). */
+ * dead: a dead one's lock passes on): not held; w->holder is the holder's thread id (a
+ * process's first thread has the process's id; 0: unknown). */
 #define K7_LOCKTIMEOUT (-8)
 
 /* Shared writers (Queue(writers="shared")): the state every writing process of a directory
@@ -92,9 +93,9 @@ typedef struct {
     int64_t sync_hist[40]; /* msyncs by duration: bucket k counts those of [2^(k-1), 2^k) ns */
     k7_shared *sh;       /* shared writers: the directory's shared state; NULL: exclusive */
     int32_t held;        /* shared writers: this writer holds sh's lock */
-    int32_t pid;         /* shared writers: this process, recorded as the holder of a lock */
+    int32_t pid;         /* shared writers: this process, recorded as the msync lock's holder */
     int64_t lock_timeout_ns; /* shared writers: the longest wait for another process's lock */
-    int32_t holder;      /* out (K7_LOCKTIMEOUT): the pid that held the lock */
+    int32_t holder;      /* out (K7_LOCKTIMEOUT): the thread id that held the lock */
     uint32_t stall_seq;  /* the msync (sh's sync count) seen running since stall_ns */
     int64_t stall_ns;    /* when this writer first found that msync running (0: never) */
 } k7_writer;

@@ -12,8 +12,10 @@ from __future__ import annotations
 import array
 import gc
 import os
+import random
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,10 +86,13 @@ CALLS: dict[str, Callable[[k7core.Queue], object]] = {
 def test_calls_beside_a_frozen_holder_of_the_append_lock(
     tmp_path: Path, fsync: str, call: str
 ) -> None:
+    """The holder is named by its process, also when a thread other than its first holds
+    the lock (``holdthread``, with ``enqueue``)."""
     qdir = tmp_path / "q"
+    mode = "holdthread" if call == "enqueue" else "hold"
     with shared(qdir, fsync) as q:
         before = q.enqueue(b"before")
-        with frozen(tmp_path, "hold", qdir, fsync) as pid:
+        with frozen(tmp_path, mode, qdir, fsync) as pid:
             exc = bounded(lambda: CALLS[call](q))
             assert isinstance(exc, k7core.LockTimeoutError), exc
             assert isinstance(exc, k7core.LockedError)
@@ -169,3 +174,56 @@ def test_opening_beside_a_frozen_holder_of_the_append_lock(tmp_path: Path, fsync
             q.enqueue(b"y")
             again.sync()
             assert read_all(q)[-2:] == [b"x", b"y"]
+
+
+@pytest.mark.parametrize("fsync", ["flush", "async", "sync"])
+def test_random_stops_of_a_busy_writer(tmp_path: Path, fsync: str) -> None:
+    """A child appends in a loop and is stopped at random moments (holding a lock or not):
+    each time, this process's calls go on or end in ``LockTimeoutError`` naming the child,
+    none waits for the freeze, and what they returned is in the log."""
+    qdir = tmp_path / "q"
+    rng = random.Random(7)
+    sent: list[tuple[int, bytes]] = []
+    timeouts = 0
+    with shared(qdir, fsync, segment_size=1 << 16) as q, Child(
+        "loop", str(qdir), fsync, program=PROGRAM
+    ) as child:
+        assert child.line() == b"ready"
+        pid = child.proc.pid
+
+        def calls() -> int:
+            """Appends until one times out (0) or 100 went through (1)."""
+            for _ in range(100):
+                data = b"p%d" % len(sent)
+                try:
+                    sent.append((q.enqueue(data), data))
+                except k7core.LockTimeoutError as exc:
+                    assert exc.pid == pid, exc
+                    return 0
+            return 1
+
+        for _ in range(10):
+            for _ in range(rng.randrange(1, 50)):  # the child runs meanwhile
+                sent.append((q.enqueue(b"p%d" % len(sent)), b"p%d" % len(sent)))
+            time.sleep(rng.random() / 50)  # not a wait: a random moment of the child's loop
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                os.waitpid(pid, os.WUNTRACED)
+                got = bounded(calls)
+                assert isinstance(got, int), got
+                timeouts += 1 - got
+                if fsync == "async" and sent:
+                    with k7core.Queue(qdir, readonly=True) as ro:
+                        assert bounded(lambda: ro.wait(sent[-1][0], BOUND)) > sent[-1][0]
+            finally:
+                os.kill(pid, signal.SIGCONT)
+        child.proc.kill()
+        q.sync()
+        mine = {off: data for off, data in sent}
+        with k7core.Queue(qdir, readonly=True) as ro, ro.consumer_group("check") as g:
+            while len(mine) and (msgs := g.poll(max_batch=4096, timeout=0)):
+                for m in msgs:
+                    if m.offset in mine:
+                        assert bytes(m.payload) == mine.pop(m.offset)
+    assert not mine, f"{len(mine)} returned offsets are not in the log"
+    print(f"{fsync}: {timeouts} of 10 stops held the append lock")

@@ -380,7 +380,7 @@ class SegmentWriter:
     def _raise_lock_timeout(self) -> None:
         """The shared lock stayed taken for ``lock_timeout`` (the kernel named its holder)."""
         pid = process_of(int(self.c.holder))
-        who = f"process {pid}" if pid else "another process (its pid not yet recorded)"
+        who = f"process {pid}" if pid else "another process (its id is not known here)"
         raise LockTimeoutError(
             f"{who} held the shared writers' lock of {self._path} for more than "
             f"lock_timeout={self._opts.lock_timeout:g} s; nothing was written",

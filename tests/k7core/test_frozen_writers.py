@@ -2,7 +2,8 @@
 within ``lock_timeout``, in ``LockTimeoutError`` naming the frozen process (the lock of
 appends), or go on without it (the lock of msyncs: the others msync themselves); the
 background flusher of another process never waits on it, so that process's other queues
-and groups open while the freeze lasts (docs/concurrency.md, "A frozen writer").
+and groups open while the freeze lasts (docs/concurrency.md, "A writer stopped while
+holding a lock").
 
 Every wait here is bounded by ``BOUND`` seconds, far above ``lock_timeout``: a call still
 blocked then waits for the whole freeze, which is the failure."""
@@ -35,7 +36,7 @@ LOCK_TIMEOUT = 0.2
 
 
 @contextmanager
-def frozen(tmp: Path, mode: str, qdir: Path, fsync: str) -> Iterator[int]:
+def frozen(mode: str, qdir: Path, fsync: str) -> Iterator[int]:
     """A child writer of ``qdir`` holding a lock (``mode``), stopped with SIGSTOP for the
     block; yields its pid. Continued (SIGCONT) and killed afterwards, whatever happens."""
     with Child(mode, str(qdir), fsync, program=PROGRAM) as child:
@@ -92,7 +93,7 @@ def test_calls_beside_a_frozen_holder_of_the_append_lock(
     mode = "holdthread" if call == "enqueue" else "hold"
     with shared(qdir, fsync) as q:
         before = q.enqueue(b"before")
-        with frozen(tmp_path, mode, qdir, fsync) as pid:
+        with frozen(mode, qdir, fsync) as pid:
             exc = bounded(lambda: CALLS[call](q))
             assert isinstance(exc, k7core.LockTimeoutError), exc
             assert isinstance(exc, k7core.LockedError)
@@ -109,7 +110,7 @@ def test_sync_appends_beside_a_frozen_holder_of_the_msync_lock(tmp_path: Path) -
     """A "sync" append is durable and visible without the frozen msync's end: once that msync
     has run for ``lock_timeout``, the others msync for themselves."""
     qdir = tmp_path / "q"
-    with shared(qdir, "sync") as q, frozen(tmp_path, "holdsync", qdir, "sync"):
+    with shared(qdir, "sync") as q, frozen("holdsync", qdir, "sync"):
         offs = bounded(lambda: [q.enqueue(b"m%d" % i) for i in range(20)])
         assert isinstance(offs, list), offs
         with k7core.Queue(qdir, readonly=True) as ro:
@@ -123,7 +124,7 @@ def test_async_flusher_beside_a_frozen_holder_of_the_msync_lock(tmp_path: Path) 
     never waits on the frozen process meanwhile: another queue (an unrelated directory) and
     a group with an ``"async"`` cursor open while the freeze lasts."""
     qdir = tmp_path / "q"
-    with shared(qdir, "async") as q, frozen(tmp_path, "holdsync", qdir, "async"):
+    with shared(qdir, "async") as q, frozen("holdsync", qdir, "async"):
         last = q.enqueue_many([b"r%d" % i for i in range(10)])[-1]
 
         def unrelated() -> int:
@@ -148,7 +149,7 @@ def test_async_face_beside_a_frozen_holder_of_the_append_lock(tmp_path: Path) ->
         async with k7async.open_queue(qdir, writers="shared", fsync="flush",
                                       lock_timeout=LOCK_TIMEOUT) as aq:
             await aq.enqueue(b"before")
-            with frozen(tmp_path, "hold", qdir, "flush") as pid:
+            with frozen("hold", qdir, "flush") as pid:
                 with pytest.raises(k7core.LockTimeoutError) as info, anyio.fail_after(BOUND):
                     await aq.enqueue(b"x")
                 assert info.value.pid == pid
@@ -164,7 +165,7 @@ def test_opening_beside_a_frozen_holder_of_the_append_lock(tmp_path: Path, fsync
     cleanly, and opens once the holder is gone."""
     qdir = tmp_path / "q"
     with shared(qdir, fsync) as q:
-        with frozen(tmp_path, "hold", qdir, fsync) as pid:
+        with frozen("hold", qdir, fsync) as pid:
             exc = bounded(lambda: shared(qdir, fsync))
             assert isinstance(exc, k7core.LockTimeoutError), exc
             assert exc.pid == pid
@@ -191,12 +192,15 @@ def test_random_stops_of_a_busy_writer(tmp_path: Path, fsync: str) -> None:
         assert child.line() == b"ready"
         pid = child.proc.pid
 
+        def put() -> None:
+            data = b"p%d" % len(sent)
+            sent.append((q.enqueue(data), data))
+
         def calls() -> int:
             """Appends until one times out (0) or 100 went through (1)."""
             for _ in range(100):
-                data = b"p%d" % len(sent)
                 try:
-                    sent.append((q.enqueue(data), data))
+                    put()
                 except k7core.LockTimeoutError as exc:
                     assert exc.pid == pid, exc
                     return 0
@@ -204,7 +208,7 @@ def test_random_stops_of_a_busy_writer(tmp_path: Path, fsync: str) -> None:
 
         for _ in range(10):
             for _ in range(rng.randrange(1, 50)):  # the child runs meanwhile
-                sent.append((q.enqueue(b"p%d" % len(sent)), b"p%d" % len(sent)))
+                put()
             time.sleep(rng.random() / 50)  # not a wait: a random moment of the child's loop
             os.kill(pid, signal.SIGSTOP)
             try:

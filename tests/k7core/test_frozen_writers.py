@@ -231,3 +231,20 @@ def test_random_stops_of_a_busy_writer(tmp_path: Path, fsync: str) -> None:
                         assert bytes(m.payload) == mine.pop(m.offset)
     assert not mine, f"{len(mine)} returned offsets are not in the log"
     print(f"{fsync}: {timeouts} of 10 stops held the append lock")
+
+
+@pytest.mark.parametrize("fsync", ["flush", "async"])
+def test_close_beside_a_frozen_holder_of_the_append_lock(
+    tmp_path: Path, fsync: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``close()`` ends too: it cannot leave the list of writers (a WARNING says so), and
+    closes everything else."""
+    qdir = tmp_path / "q"
+    q = shared(qdir, fsync)
+    q.enqueue(b"before")
+    with frozen("hold", qdir, fsync) as pid:
+        assert bounded(q.close) is None
+        assert q.closed
+        assert f"process {pid}" in caplog.text and "without leaving" in caplog.text
+    with k7core.Queue(qdir, readonly=True) as ro:
+        assert b"before" in read_all(ro)

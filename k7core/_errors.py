@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 
 class K7Error(Exception):
@@ -47,6 +48,17 @@ class QueueLockedError(LockedError):
 
 class GroupBusyError(LockedError):
     """Another owner (this process or another) holds the consumer group's lock."""
+
+
+class LockTimeoutError(LockedError):
+    """Another process held a lock this call waits for (the shared writers' lock of
+    appends) for longer than the queue's ``lock_timeout``: it is stopped (SIGSTOP, a
+    debugger) or stuck, not dead (a dead holder's lock passes on at once). Nothing of the
+    call was written. ``pid`` is the holder's process id (0 when unknown)."""
+
+    def __init__(self, message: str, *, pid: int, **where: Any) -> None:
+        super().__init__(message, **where)  # path, hint
+        self.pid = pid
 
 
 class ConcurrentUseError(K7Error, RuntimeError):

@@ -22,6 +22,9 @@ from ._format import (
 from ._storage import FILE_MODE
 
 RETENTION_POLICIES = ("none", "consumed")
+#: Seconds a shared writer waits for a lock another process holds (docs/concurrency.md).
+DEFAULT_LOCK_TIMEOUT = 30.0
+MAX_LOCK_TIMEOUT = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,7 @@ class QueueOptions:
     remove_when_empty: bool = False
     file_mode: int = FILE_MODE
     writers: str = "exclusive"
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
 
     @classmethod
     def checked(
@@ -53,6 +57,7 @@ class QueueOptions:
         remove_when_empty: object = False,
         file_mode: object = FILE_MODE,
         writers: object = "exclusive",
+        lock_timeout: object = DEFAULT_LOCK_TIMEOUT,
     ) -> QueueOptions:
         """The options a caller passed, each checked (``TypeError``/``ValueError`` naming it)."""
         size = check_int(segment_size, "segment_size", 64)
@@ -93,6 +98,8 @@ class QueueOptions:
             remove_when_empty=bool(remove_when_empty),
             file_mode=mode,
             writers=str(writers),
+            lock_timeout=check_seconds(lock_timeout, "lock_timeout", MAX_LOCK_TIMEOUT,
+                                       positive=True),
         )
 
     @property

@@ -35,7 +35,7 @@ from ._group import ConsumerGroup, OpenGroups
 from ._kernel import ffi, owned
 from ._log import LogView
 from ._native._fast import Appender
-from ._options import QueueOptions
+from ._options import DEFAULT_LOCK_TIMEOUT, QueueOptions
 from ._reader import count_frames, lag_messages
 from ._recovery import recover
 from ._resource import Resource
@@ -105,7 +105,9 @@ class Queue(Resource):
     writer opens with ``writers="shared"``: then any number of processes (up to 64 at once)
     append to the directory through a lock in shared memory, each call's frames contiguous,
     a writer killed at any point recovered by the next (docs/concurrency.md). Shared writers
-    use one ``fsync`` strategy. ``enqueue`` must be called from one thread at a time.
+    use one ``fsync`` strategy. A shared writer waits at most ``lock_timeout`` seconds for a
+    lock another process holds (stopped, not dead), then raises ``LockTimeoutError`` naming
+    it. ``enqueue`` must be called from one thread at a time.
     Consumer groups are opened with :meth:`consumer_group`. ``readonly=True`` opens a queue
     that another process writes: no writer lock, ``enqueue`` raises, consumer groups work.
 
@@ -138,6 +140,7 @@ class Queue(Resource):
         remove_when_empty: bool = False,
         file_mode: int = FILE_MODE,
         writers: str = "exclusive",
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     ) -> None:
         self._closed = True
         self._fa = Appender(0)  # the enqueue fast path: detached (CLOSED) until recovered
@@ -148,7 +151,7 @@ class Queue(Resource):
             segment_size=segment_size, fsync=fsync, commit_interval=commit_interval,
             readonly=readonly, retention=retention, retention_bytes=retention_bytes,
             retention_age=retention_age, remove_when_empty=remove_when_empty,
-            file_mode=file_mode, writers=writers,
+            file_mode=file_mode, writers=writers, lock_timeout=lock_timeout,
         )
         self._events: list[RecoveryEvent] = []
         self._groups = OpenGroups(self._path)
@@ -214,6 +217,11 @@ class Queue(Resource):
         """``"exclusive"`` (the one writer of the directory) or ``"shared"``."""
         return self._opts.writers
 
+    @property
+    def lock_timeout(self) -> float:
+        """Seconds a shared writer waits for a lock another process holds."""
+        return self._opts.lock_timeout
+
     # ------------------------------------------------------------------ open
 
     def _open(self) -> None:
@@ -275,14 +283,14 @@ class Queue(Resource):
                     tail = sw.tail()
                 lg.set_segment_bases(tail.bases)
                 w = self._writer = self._r.writer = SegmentWriter(
-                    lg, self._opts, tail, lambda: retention.apply(w.base), shared=sw,
-                    events=self._events,
+                    lg, self._opts, tail, lambda incoming: retention.apply(w.base, incoming),
+                    shared=sw, events=self._events,
                 )
         else:
             tail = recover(path, self._opts, self._events)
             lg.set_segment_bases(tail.bases)
             w = self._writer = self._r.writer = SegmentWriter(
-                lg, self._opts, tail, lambda: retention.apply(w.base)
+                lg, self._opts, tail, lambda incoming: retention.apply(w.base, incoming)
             )
         self._fa = w.fa
         with owned(w.fa), w.locked():

@@ -32,9 +32,10 @@ class Retention:
         self.deleted_segments = 0
         self.deleted_bytes = 0
 
-    def apply(self, current: int) -> list[int]:
+    def apply(self, current: int, incoming: int = 0) -> list[int]:
         """Delete the oldest sealed segments the policy allows (``current`` is the base of
-        the segment being written); return their bases."""
+        the segment being written; ``incoming`` the bytes of a segment about to be created,
+        counted by ``retention_bytes``); return their bases."""
         if not self._opts.trims:
             return []
         opts = self._opts
@@ -50,7 +51,7 @@ class Retention:
                 while k < len(sealed) and ends[k] <= low:
                     k += 1
         if opts.retention_bytes is not None:
-            total = sum(sg.size for sg in segs)
+            total = incoming + sum(sg.size for sg in segs)
             j = 0
             while j < len(sealed) and total > opts.retention_bytes:
                 total -= sealed[j].size

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import ClosedError, QueueLockedError, StorageError
+from ._errors import ClosedError, LockTimeoutError, QueueLockedError, StorageError
 from ._format import (
     SHARED_PIDS,
     SPARE_MIN_SIZE,
@@ -29,6 +29,7 @@ from ._kernel import (
     BADOFFSETS,
     BUSY,
     EIO,
+    LOCKTIMEOUT,
     NOFIT,
     RECOVER,
     REMAP,
@@ -63,8 +64,11 @@ _from_buffer = ffi.from_buffer
 
 
 class SegmentWriter:
-    """Appends to the log of ``log.path`` from the recovered ``tail``; ``on_roll`` runs after
-    every roll (retention). ``fa`` is the C fast path; ``c`` the ``k7_writer`` (counters).
+    """Appends to the log of ``log.path`` from the recovered ``tail``. ``retain(incoming)``
+    applies retention: after every roll (``incoming`` 0), and before a roll's new segment
+    that a full disk refused (``incoming``: its size, counted as ``retention_bytes`` would
+    count it after the roll); it returns the bases it deleted. ``fa`` is the C fast path;
+    ``c`` the ``k7_writer`` (counters).
 
     With ``shared`` (writers="shared"), every append, roll and recovery happens under the
     directory's shared lock: the kernel takes it on the fast path and returns BUSY, RECOVER,
@@ -73,7 +77,8 @@ class SegmentWriter:
     ``tail`` is then where the log ended when this writer joined."""
 
     def __init__(
-        self, log_view: LogView, options: QueueOptions, tail: Tail, on_roll: Callable[[], Any],
+        self, log_view: LogView, options: QueueOptions, tail: Tail,
+        retain: Callable[[int], list[int]],
         *, shared: SharedWriters | None = None, events: list[RecoveryEvent] | None = None,
     ) -> None:
         self._log = log_view
@@ -81,7 +86,7 @@ class SegmentWriter:
         self._events = events if events is not None else []
         self._opts = options
         self._path = log_view.path
-        self._on_roll = on_roll
+        self._retain = retain
         self._closed = False
         self._spare: SpareSegment | None = None
         self._seg_id: tuple[int, int] | None = None  # (device, inode) of the segment written
@@ -97,6 +102,8 @@ class SegmentWriter:
         w.max_frame = options.segment_size
         if shared is not None:
             w.sh = shared.sh
+            w.pid = os.getpid()
+            w.lock_timeout_ns = round(options.lock_timeout * 1e9)
         self.fa = Appender(address(w))
         seg = self._path / segment_name(tail.base)
         if shared is None or shared.first:
@@ -151,6 +158,8 @@ class SegmentWriter:
                     self.roll()
                 elif rc in (BUSY, RECOVER, REMAP):
                     self._hold()
+                elif rc == LOCKTIMEOUT:
+                    self._raise_lock_timeout()
                 else:
                     return rc
                 rc = self.fa.append(data)
@@ -180,6 +189,8 @@ class SegmentWriter:
                     self.roll()
                 elif out in (BUSY, RECOVER, REMAP):
                     self._hold()
+                elif out == LOCKTIMEOUT:
+                    self._raise_lock_timeout()
                 else:
                     raise AssertionError(f"unexpected append_many result {out}")
                 out = self.fa.append_many(items, len(offsets))
@@ -212,6 +223,8 @@ class SegmentWriter:
                 if rc in (BUSY, RECOVER, REMAP):
                     self._hold()
                     continue
+                if rc == LOCKTIMEOUT:
+                    self._raise_lock_timeout()
                 self._check_size(offsets[done + 1] - offsets[done])
                 self.roll()
             return out
@@ -264,9 +277,7 @@ class SegmentWriter:
         spare, self._spare = self._spare, None
         m = spare.take(dest) if spare is not None else None
         if m is None:
-            # on failure (a full disk) no file is left: the writer goes on in this segment
-            create_segment(self._path, new_base, self._opts.segment_size, durable=durable,
-                           mode=self._opts.file_mode)
+            self._create_segment(new_base)
             try:
                 m = map_file(dest, writable=True)
             except BaseException:
@@ -285,7 +296,20 @@ class SegmentWriter:
         old.close()
         self._log.set_segment_bases([*self._log.segment_bases(), new_base])
         self._note_segment(new_base)
-        self._on_roll()
+        self._retain(0)
+
+    def _create_segment(self, base: int) -> None:
+        """Create the segment a roll goes to. On a full disk, retention runs first (what it
+        deletes was sealed before; without it, a disk filled by a consumed log would refuse
+        every roll): the creation is tried once more if it deleted something. On failure
+        no file is left, and the writer goes on in the segment it writes."""
+        size, mode, durable = self._opts.segment_size, self._opts.file_mode, self._opts.durable
+        try:
+            create_segment(self._path, base, size, durable=durable, mode=mode)
+        except StorageError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not self._retain(size):
+                raise
+            create_segment(self._path, base, size, durable=durable, mode=mode)
 
     def _prepare_spare(self, *, prefault: bool = True) -> None:
         """Start preparing the next segment. Pre-faulting dirties its pages (the kernel may
@@ -347,9 +371,23 @@ class SegmentWriter:
                 self._recover_dead()
             elif rc == REMAP:
                 self._follow()
+            elif rc == LOCKTIMEOUT:
+                self._raise_lock_timeout()
             else:
                 self.raise_eio()
         raise AssertionError("the shared state did not settle")  # pragma: no cover
+
+    def _raise_lock_timeout(self) -> None:
+        """The shared lock stayed taken for ``lock_timeout`` (the kernel named its holder)."""
+        pid = process_of(int(self.c.holder))
+        who = f"process {pid}" if pid else "another process (its id is not known here)"
+        raise LockTimeoutError(
+            f"{who} held the shared writers' lock of {self._path} for more than "
+            f"lock_timeout={self._opts.lock_timeout:g} s; nothing was written",
+            pid=pid, path=self._path,
+            hint=f"that process is stopped (SIGSTOP, a debugger) or stuck: resume (kill -CONT "
+            f"{pid or '<pid>'}) or end it, then retry; a dead holder's lock passes on by itself",
+        )
 
     def _follow(self) -> None:
         """Under the shared lock: map the segment another writer rolled to, and write there."""
@@ -468,8 +506,13 @@ class SegmentWriter:
             # gone even if this msync succeeds
             err = int(lib.k7_writer_sync(self.c)) or int(self.c.err)
         if self._shared is not None:
-            with contextlib.suppress(StorageError):  # a dead state: nobody to tell
+            try:
                 self._register(0)
+            except LockTimeoutError as exc:  # close anyway; its entry stays in the writers
+                log.warning("k7core: closing %s without leaving the shared writers' list: "
+                            "%s", self._path, exc)
+            except StorageError:  # a dead state: nobody to tell
+                pass
         return err
 
     def release(self) -> None:
@@ -478,6 +521,19 @@ class SegmentWriter:
             self._spare.discard()
             self._spare = None
         self._seg_map.close()
+
+
+def process_of(tid: int) -> int:
+    """The process of thread ``tid`` (Linux: its ``Tgid``); ``tid`` itself where that cannot
+    be read (the first thread of a process has the process's id)."""
+    try:
+        with open(f"/proc/{tid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return tid
 
 
 class _NoLock:

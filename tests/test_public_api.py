@@ -37,7 +37,7 @@ def test_errors_are_grouped() -> None:
     """One parent per kind, to catch a kind at once; the earlier parents stay."""
     tree: dict[type, list[type]] = {
         k7core.LockedError: [k7core.QueueLockedError, k7core.GroupBusyError,
-                             k7async.SinkBusyError],
+                             k7core.LockTimeoutError, k7async.SinkBusyError],
         k7core.IntegrityError: [k7core.CorruptFrameError, k7core.CursorError,
                                 k7core.DataLossError, K7DataLossError],
         ValueError: [k7core.CursorError, k7core.InvalidNameError, k7core.MessageTooLargeError,

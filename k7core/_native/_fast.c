@@ -230,8 +230,8 @@ static PyObject *Appender_append(Appender *self, PyObject *data) {
     } else {
         rc = kernel->append(w, p, n);
         if (rc == K7_BUSY) { /* another process holds the shared lock: wait for it unlocked */
-            UNLOCKED_OWNED(self, kernel->shared_lock(w));
-            rc = kernel->append(w, p, n);
+            UNLOCKED_OWNED(self, rc = kernel->shared_lock(w));
+            if (rc != K7_LOCKTIMEOUT) rc = kernel->append(w, p, n);
         }
     }
     if (held) PyBuffer_Release(&buf);
@@ -312,8 +312,9 @@ static PyObject *Appender_append_many(Appender *self, PyObject *const *args, Py_
         } else {
             rc = kernel->append_many(w, (uint8_t **)ptrs, lens, n, offs);
             if (rc == K7_BUSY) {
-                UNLOCKED_OWNED(self, kernel->shared_lock(w));
-                rc = kernel->append_many(w, (uint8_t **)ptrs, lens, n, offs);
+                UNLOCKED_OWNED(self, rc = kernel->shared_lock(w));
+                if (rc != K7_LOCKTIMEOUT)
+                    rc = kernel->append_many(w, (uint8_t **)ptrs, lens, n, offs);
             }
         }
     }

@@ -80,6 +80,7 @@ class Lib:
     K7_BUSY: Final[int]
     K7_RECOVER: Final[int]
     K7_REMAP: Final[int]
+    K7_LOCKTIMEOUT: Final[int]
     K7_SHARED_FILE_SIZE: Final[int]
     K7_SHARED_PIDS: Final[int]
     def k7_read(self, r: CData, max_n: int, /) -> int: ...

@@ -377,10 +377,15 @@ int k7_bell_wait(k7_bell *b, uint32_t seen, int64_t timeout_ns) {
  * append again, so that one msync serves every writer in a loop of "sync" appends.
  * Lock order: mu, then sync_mu. Invariant: synced >= base (a roll msyncs
  * the segment it seals), so a writer that still maps an older segment has nothing to sync
- * there. */
+ * there.
+ * A holder that is stopped (SIGSTOP, a debugger), not dead, keeps its lock: no wait on it
+ * lasts longer than the waiter's w->lock_timeout_ns. A wait for mu then ends in
+ * K7_LOCKTIMEOUT, naming the holder (the thread id the lock word holds). An msync that has run
+ * that long is taken for stuck: the waiters msync [synced, end) themselves without sync_mu
+ * (sync_mu only makes one msync serve many; synced only grows, by CAS). */
 
 #define K7_SHARED_MAGIC 0x314A4853595037CBULL
-#define K7_SHARED_VERSION 3
+#define K7_SHARED_VERSION 4
 /* Looks at a taken append lock before a sync writer sleeps on it (it is held for a copy). */
 #define K7_SHARED_SPINS 50
 /* The longest an msync's leader gathers callers (and at most as long as the last msync). */
@@ -417,6 +422,9 @@ struct k7_shared {
     uint32_t gathering;      /* atomic: a leader sleeps on arrivals */
     int64_t sync_ns;         /* atomic: how long the last msync took */
     int32_t pids[K7_SHARED_PIDS];  /* under mu: the writing processes (0: free) */
+    int32_t sync_holder;     /* atomic: the pid holding sync_mu (0: none, or not stored yet) */
+    int32_t pad_;
+    int64_t sync_since;      /* atomic: when sync_mu's holder took it (CLOCK_MONOTONIC ns) */
 };
 
 _Static_assert(sizeof(struct k7_shared) <= K7_SHARED_FILE_SIZE, "the state fits its file");
@@ -459,7 +467,43 @@ k7_shared *k7_shared_attach(uint8_t *map, int64_t len) {
     return s;
 }
 
-/* Lock mu (block: wait; else K7_BUSY when taken) unless held; then check the state. */
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 30)
+#define K7_CLOCKLOCK 1                 /* pthread_mutex_clocklock (glibc 2.30) */
+#define K7_LOCK_CLOCK CLOCK_MONOTONIC
+#else
+#define K7_CLOCKLOCK 0
+#define K7_LOCK_CLOCK CLOCK_REALTIME   /* pthread_mutex_timedlock's clock */
+#endif
+
+/* Lock m, waiting at most timeout_ns: 0, EOWNERDEAD, ETIMEDOUT or an errno. */
+static int lock_within(pthread_mutex_t *m, int64_t timeout_ns) {
+    struct timespec ts;
+    clock_gettime(K7_LOCK_CLOCK, &ts);
+    int64_t t = (int64_t)ts.tv_nsec + (timeout_ns > 0 ? timeout_ns : 0);
+    ts.tv_sec += (time_t)(t / 1000000000LL);
+    ts.tv_nsec = (long)(t % 1000000000LL);
+#if K7_CLOCKLOCK
+    return pthread_mutex_clocklock(m, K7_LOCK_CLOCK, &ts);
+#else
+    return pthread_mutex_timedlock(m, &ts);
+#endif
+}
+
+/* The thread holding m (its id; a process's first thread has the process's), read from the
+ * lock word: a robust mutex keeps there what the futex ABI says (the owner's TID, and the
+ * FUTEX_WAITERS and FUTEX_OWNER_DIED bits), set by the atomic operation that takes it, so
+ * it is never out of date. 0 where that word's place is not known. */
+static int32_t lock_owner(pthread_mutex_t *m) {
+#if defined(__GLIBC__) && defined(__linux__)
+    return (int32_t)(__atomic_load_n(&m->__data.__lock, __ATOMIC_RELAXED) & FUTEX_TID_MASK);
+#else
+    (void)m;
+    return 0;
+#endif
+}
+
+/* Lock mu (block: wait, at most w->lock_timeout_ns; else K7_BUSY when taken) unless held;
+ * then check the state. */
 static int shared_enter(k7_writer *w, int block) {
     k7_shared *s = w->sh;
     if (!w->held) {
@@ -468,8 +512,12 @@ static int shared_enter(k7_writer *w, int block) {
             cpu_relax();
             rc = pthread_mutex_trylock(&s->mu);
         }
-        if (rc == EBUSY && block) rc = pthread_mutex_lock(&s->mu);
+        if (rc == EBUSY && block) rc = lock_within(&s->mu, w->lock_timeout_ns);
         if (rc == EBUSY && !block) return K7_BUSY;
+        if (rc == ETIMEDOUT) {
+            w->holder = lock_owner(&s->mu);
+            return K7_LOCKTIMEOUT;
+        }
         if (rc == EOWNERDEAD) {
             pthread_mutex_consistent(&s->mu);
             s->recover = 1;
@@ -597,16 +645,78 @@ static void sync_arrive(k7_shared *s) {
 #endif
 }
 
+/* msync [synced, end) of the segment w maps, and make `synced` at least that end. `lead`:
+ * under sync_mu (it says what it covers and how long it took, for the waiters); else
+ * without it, beside an msync taken for stuck. *older: w maps a segment older than the one
+ * written (nothing to do: the roll that sealed it msynced it). 0 or an errno. */
+static int sync_range(k7_writer *w, int lead, int *older) {
+    k7_shared *s = w->sh;
+    int64_t done = LOAD_ACQ(&s->synced);
+    int64_t end = LOAD_ACQ(&s->end); /* before base: an end of a newer segment */
+    int64_t base = LOAD_ACQ(&s->base); /* comes with that segment's base */
+    *older = base != w->base;
+    if (*older || end <= done) return 0;
+    if (lead) __atomic_store_n(&s->covering, end, __ATOMIC_SEQ_CST);
+    int64_t from = done > base ? done - base : 0;
+    int64_t ns = w->sync_ns;
+    int rc = writer_msync(w, from, end - base);
+    if (lead) __atomic_store_n(&s->sync_ns, w->sync_ns - ns, __ATOMIC_RELAXED);
+    if (!rc) {
+        __atomic_fetch_add(&s->nsyncs, 1, __ATOMIC_RELAXED);
+        int64_t cur = LOAD_ACQ(&s->synced);
+        while (cur < end && !__atomic_compare_exchange_n(&s->synced, &cur, end, 0,
+                                                         __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE)) {
+        }
+    }
+    return rc;
+}
+
+/* Whether the msync running now (sync_mu taken; sync_seq was `seq`) has run for
+ * w->lock_timeout_ns: since its holder says it took sync_mu, or since this writer first
+ * found it running (the holder may have stopped before it said so). */
+static int sync_stalled(k7_writer *w, uint32_t seq) {
+    k7_shared *s = w->sh;
+    int64_t now = now_ns();
+    if (w->stall_ns == 0 || w->stall_seq != seq) {
+        w->stall_seq = seq;
+        w->stall_ns = now;
+    }
+    int64_t since = w->stall_ns;
+    if (__atomic_load_n(&s->sync_holder, __ATOMIC_SEQ_CST)) {
+        int64_t t = __atomic_load_n(&s->sync_since, __ATOMIC_SEQ_CST);
+        if (t > 0 && t < since) since = t;
+    }
+    return now - since >= w->lock_timeout_ns;
+}
+
+/* shared_sync's answer when it may not wait (the flusher) and another msync runs. */
+#define SYNC_LATER (-1)
+
+/* sync_mu was taken (by w's process, now): say who holds it, and since when. */
+static void sync_held(k7_writer *w) {
+    __atomic_store_n(&w->sh->sync_since, now_ns(), __ATOMIC_SEQ_CST);
+    __atomic_store_n(&w->sh->sync_holder, w->pid, __ATOMIC_SEQ_CST);
+}
+
 /* msync every frame up to `want` (a global offset) that is not yet, through w's map; then
- * publish what is synced (durable modes). 0 or an errno. */
-static int shared_sync(k7_writer *w, int64_t want) {
+ * publish what is synced (durable modes). 0 or an errno; SYNC_LATER when another process
+ * msyncs and `block` is 0 (the flusher, which retries at its next pass). */
+static int shared_sync(k7_writer *w, int64_t want, int block) {
     k7_shared *s = w->sh;
     int rc = 0;
     if (LOAD_ACQ(&s->synced) < want) sync_arrive(s);
     while (LOAD_ACQ(&s->synced) < want) {
         uint32_t seq = __atomic_load_n(&s->sync_seq, __ATOMIC_SEQ_CST);
+        int older = 0;
         rc = pthread_mutex_trylock(&s->sync_mu);
         if (rc == EBUSY) {  /* another process msyncs: its msync may cover `want` */
+            if (sync_stalled(w, seq)) {  /* ... but it is stuck: msync without it */
+                rc = sync_range(w, 0, &older);
+                if (rc) return rc;
+                if (older) break;
+                continue;
+            }
+            if (!block) return SYNC_LATER;
             sync_wait(s, seq, want);
             rc = 0;
             continue;
@@ -616,29 +726,13 @@ static int shared_sync(k7_writer *w, int64_t want) {
             rc = 0;
         }
         if (rc) return rc;
+        sync_held(w);
         seq = __atomic_load_n(&s->sync_seq, __ATOMIC_SEQ_CST);
-        int older = 0;
-        int64_t done = LOAD_ACQ(&s->synced);
-        if (done < want) {
+        if (LOAD_ACQ(&s->synced) < want) {
             sync_gather(s);
-            int64_t end = LOAD_ACQ(&s->end); /* before base: an end of a newer segment */
-            int64_t base = LOAD_ACQ(&s->base); /* comes with that segment's base */
-            older = base != w->base; /* w maps an older segment: the roll that sealed it */
-            if (!older && end > done) { /* msynced it */
-                __atomic_store_n(&s->covering, end, __ATOMIC_SEQ_CST);
-                int64_t from = done > base ? done - base : 0;
-                int64_t ns = w->sync_ns;
-                rc = writer_msync(w, from, end - base);
-                __atomic_store_n(&s->sync_ns, w->sync_ns - ns, __ATOMIC_RELAXED);
-                if (!rc) {
-                    __atomic_fetch_add(&s->nsyncs, 1, __ATOMIC_RELAXED);
-                    int64_t cur = LOAD_ACQ(&s->synced);
-                    while (cur < end && !__atomic_compare_exchange_n(
-                               &s->synced, &cur, end, 0, __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE)) {
-                    }
-                }
-            }
+            rc = sync_range(w, 1, &older);
         }
+        __atomic_store_n(&s->sync_holder, 0, __ATOMIC_SEQ_CST);
         __atomic_store_n(&s->covering, 0, __ATOMIC_SEQ_CST);
         __atomic_store_n(&s->sync_seq, seq + 1, __ATOMIC_SEQ_CST);
         pthread_mutex_unlock(&s->sync_mu);
@@ -674,6 +768,7 @@ static int shared_sync(k7_writer *w, int64_t want) {
 int k7_shared_sync_hold(k7_writer *w) {
     int rc = pthread_mutex_lock(&w->sh->sync_mu);
     if (rc == EOWNERDEAD) rc = pthread_mutex_consistent(&w->sh->sync_mu);
+    if (!rc) sync_held(w);
     return rc;
 }
 
@@ -686,7 +781,7 @@ static int64_t shared_finish(k7_writer *w) {
     if (w->mode == K7_MODE_ASYNC) {
         k7_bell_ring(w->bell);
     } else if (w->mode == K7_MODE_SYNC) {
-        int rc = shared_sync(w, end);
+        int rc = shared_sync(w, end, 1);
         if (rc) {
             w->err = rc;
             return K7_EIO;  /* written (others may follow it): not durable, not rolled back */
@@ -917,10 +1012,11 @@ int64_t k7_append_many(k7_writer *w, uint8_t **datas, const int64_t *lens, int64
 K7_APPEND_COLUMNAR(k7_append_columnar, int64_t)
 K7_APPEND_COLUMNAR(k7_append_columnar32, int32_t)
 
-int k7_writer_sync(k7_writer *w) {
+/* k7_writer_sync; `block` 0: SYNC_LATER instead of waiting for another process's msync. */
+static int writer_sync(k7_writer *w, int block) {
     if (w->sh) {  /* every writer's frames, not only this one's */
-        int rc = shared_sync(w, LOAD_ACQ(&w->sh->end));
-        if (rc) w->err = rc;
+        int rc = shared_sync(w, LOAD_ACQ(&w->sh->end), block);
+        if (rc > 0) w->err = rc;
         return rc;
     }
     int64_t end = LOAD_ACQ(&w->written);
@@ -933,6 +1029,8 @@ int k7_writer_sync(k7_writer *w) {
         k7_publish(w->pub, (uint64_t)(w->base + end));
     return 0;
 }
+
+int k7_writer_sync(k7_writer *w) { return writer_sync(w, 1); }
 
 void k7_writer_rollback(k7_writer *w, int64_t pos) {
     if (pos < 0 || pos > w->pos) return;
@@ -1029,9 +1127,15 @@ void k7_slot_remove_cursor(k7_slot *s, k7_cursor *c) {
     }
 }
 
-int k7_slot_sync(k7_slot *s) {
-    int rc = 0;
-    if (s->writer) rc = k7_writer_sync(s->writer);
+/* One pass over the slot (under its lock); `block` 0: SYNC_LATER when the log's msync must
+ * wait for another process's (the cursors are synced anyway). 0, SYNC_LATER or an errno. */
+static int slot_sync(k7_slot *s, int block) {
+    int rc = 0, later = 0;
+    if (s->writer) rc = writer_sync(s->writer, block);
+    if (rc == SYNC_LATER) {
+        later = 1;
+        rc = 0;
+    }
     for (int64_t i = 0; i < s->ncursors; i++) {
         int r = k7_cursor_sync(s->cursors[i]);
         if (r && !rc) rc = r;
@@ -1040,8 +1144,10 @@ int k7_slot_sync(k7_slot *s) {
         int32_t none = 0;
         __atomic_compare_exchange_n(&s->err, &none, rc, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
     }
-    return rc;
+    return rc ? rc : later ? SYNC_LATER : 0;
 }
+
+int k7_slot_sync(k7_slot *s) { return slot_sync(s, 1); }
 
 struct k7_flusher {
     k7_bell bell;
@@ -1049,7 +1155,7 @@ struct k7_flusher {
     int64_t interval_ns;
     k7_slot **slots;
     int64_t nslots, capslots;
-    pthread_mutex_t mu;  /* the slot list; held for a whole pass */
+    pthread_mutex_t mu;  /* the slot list; held for a whole pass, which never waits */
 };
 
 k7_flusher *k7_flusher_new(int64_t interval_ns) {
@@ -1111,20 +1217,30 @@ static void interval_sleep(k7_flusher *f) {
 #endif
 }
 
+/* A pass holds the slot list's lock, which every queue of the process takes to attach or
+ * detach: it never waits, neither for a slot's lock (its queue is rolling or syncing, which
+ * msyncs anyway) nor for another process's msync (shared writers): such a slot is left for
+ * a pass soon after (K7_RETRY_NS), the others' msync covering it meanwhile. */
+#define K7_RETRY_NS 1000000LL
+
 void k7_flusher_run(k7_flusher *f) {
     for (;;) {
         uint32_t seen = k7_bell_seq(&f->bell);
+        int again = 0;
         pthread_mutex_lock(&f->mu);
         for (int64_t i = 0; i < f->nslots; i++) {
             k7_slot *s = f->slots[i];
-            pthread_mutex_lock(&s->mu);
-            k7_slot_sync(s);
+            if (pthread_mutex_trylock(&s->mu)) {
+                again = 1;
+                continue;
+            }
+            if (slot_sync(s, 0) == SYNC_LATER) again = 1;
             pthread_mutex_unlock(&s->mu);
         }
         pthread_mutex_unlock(&f->mu);
         if (__atomic_load_n(&f->stop, __ATOMIC_SEQ_CST)) return;
         interval_sleep(f);   /* at most one pass per interval */
-        k7_bell_wait(&f->bell, seen, 200000000LL);
+        k7_bell_wait(&f->bell, seen, again ? K7_RETRY_NS : 200000000LL);
     }
 }
 

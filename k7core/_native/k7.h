@@ -49,6 +49,10 @@
 #define K7_BUSY (-5)       /* the shared lock is taken: k7_shared_lock (blocking), then retry */
 #define K7_RECOVER (-6)    /* a writer died holding the lock: cut its tail, k7_shared_recovered */
 #define K7_REMAP (-7)      /* another writer rolled: map the segment at k7_shared_state's base */
+/* The shared lock stayed taken for w->lock_timeout_ns (its holder is stopped or stuck, not
+ * dead: a dead one's lock passes on): not held; w->holder is the holder's thread id (a
+ * process's first thread has the process's id; 0: unknown). */
+#define K7_LOCKTIMEOUT (-8)
 
 /* Shared writers (Queue(writers="shared")): the state every writing process of a directory
  * maps from the file k7py-writers (K7_SHARED_FILE_SIZE bytes). Opaque here (it holds two
@@ -89,7 +93,11 @@ typedef struct {
     int64_t sync_hist[40]; /* msyncs by duration: bucket k counts those of [2^(k-1), 2^k) ns */
     k7_shared *sh;       /* shared writers: the directory's shared state; NULL: exclusive */
     int32_t held;        /* shared writers: this writer holds sh's lock */
-    int32_t pad_;
+    int32_t pid;         /* shared writers: this process, recorded as the msync lock's holder */
+    int64_t lock_timeout_ns; /* shared writers: the longest wait for another process's lock */
+    int32_t holder;      /* out (K7_LOCKTIMEOUT): the thread id that held the lock */
+    uint32_t stall_seq;  /* the msync (sh's sync count) seen running since stall_ns */
+    int64_t stall_ns;    /* when this writer first found that msync running (0: never) */
 } k7_writer;
 
 /* Cursor state: one per consumer group (process-private). */
@@ -178,8 +186,12 @@ void k7_writer_rollback(k7_writer *w, int64_t pos);
  * (NULL: not a valid state). The functions below take the writer (w->sh set). */
 int k7_shared_init(uint8_t *map, int64_t len, int64_t base, int64_t pos, int32_t mode);
 k7_shared *k7_shared_attach(uint8_t *map, int64_t len);
-/* Take the lock (blocking) unless held; then 0 (w->pos is the shared end), K7_RECOVER,
- * K7_REMAP or K7_EIO (w->err set: the lock is unusable). Held in every case but EIO. */
+/* Take the lock (waiting at most w->lock_timeout_ns) unless held; then 0 (w->pos is the
+ * shared end), K7_RECOVER, K7_REMAP, K7_LOCKTIMEOUT (w->holder set) or K7_EIO (w->err set:
+ * the lock is unusable). Held in every case but LOCKTIMEOUT and EIO.
+ * Msyncs (k7_writer_sync, "sync" appends) wait for another process's msync only while it
+ * has run for less than w->lock_timeout_ns: after that it is taken for stuck (its process
+ * stopped) and they msync without it. */
 int k7_shared_lock(k7_writer *w);
 void k7_shared_release(k7_writer *w);             /* unlock if held */
 /* Take the msync lock and keep it (what a writer killed mid-msync leaves: its tests).

@@ -33,6 +33,11 @@ from tests._queuehelp import wait_until
     ({"retention_age": -1.0}, ValueError),
     ({"file_mode": True}, TypeError),
     ({"file_mode": 0o1600}, ValueError),
+    ({"lock_timeout": 0}, ValueError),  # a wait on another process is always bounded
+    ({"lock_timeout": math.inf}, ValueError),
+    ({"lock_timeout": None}, TypeError),
+    ({"lock_timeout": math.nan}, ValueError),
+    ({"lock_timeout": True}, TypeError),
 ])
 def test_queue_rejects_bools_nan_and_wrong_types(
     tmp_path: Path, kwargs: dict[str, Any], error: type[Exception]

@@ -96,7 +96,8 @@ WRITES = {"enqueue", "enqueue_many", "enqueue_columnar", "sync", "enforce_retent
 
 #: ``Queue``'s option properties: the fields of ``Queue.options`` (checked below).
 OPTIONS = ("segment_size", "fsync", "commit_interval", "readonly", "retention",
-           "retention_bytes", "retention_age", "remove_when_empty", "file_mode", "writers")
+           "retention_bytes", "retention_age", "remove_when_empty", "file_mode", "writers",
+           "lock_timeout")
 
 #: Public members that stay readable after close, each with the reason.
 STAY_READABLE: dict[str, dict[str, str]] = {

@@ -217,3 +217,40 @@ def test_stray_last_segment_from_a_failed_roll_is_not_taken_as_the_end(tmp_path:
     with k7core.Queue(qdir, readonly=True) as q, q.consumer_group("g") as g:
         got = [m.offset for m in g.poll(max_batch=100, timeout=0)]
         assert got == [*offs, nxt]
+
+
+@pytest.mark.parametrize("writers", ["exclusive", "shared"])
+@pytest.mark.parametrize("policy", ["consumed", "bytes", "age"])
+def test_roll_on_a_full_disk_frees_what_retention_allows_first(
+    small_fs: Path, policy: str, writers: str
+) -> None:
+    """The disk is full when the segment being written fills, and retention may delete a
+    sealed segment (consumed since the last roll, over the byte limit with the new segment
+    counted, or aged since): the roll deletes it first and succeeds, so appends go on."""
+    qdir = small_fs / "q"
+    policies: dict[str, dict[str, object]] = {
+        "consumed": {"retention": "consumed"}, "bytes": {"retention_bytes": 2 * SEGMENT},
+        "age": {"retention_age": 3600.0},
+    }
+    opts = {"segment_size": SEGMENT, "fsync": "flush", "writers": writers, **policies[policy]}
+    log = Log()
+    with k7core.Queue(qdir, **opts) as q, q.consumer_group("g") as g:  # type: ignore[arg-type]
+        i = 0
+        while len(seg_files(qdir)) < 2:  # one sealed segment that no policy deletes yet
+            assert log.put(q, message(i, 1000))
+            i += 1
+        first = qdir / seg_files(qdir)[0]
+        _fill_disk(small_fs, SEGMENT // 2)
+        if policy == "consumed":
+            _drain(g, q)
+        elif policy == "age":
+            old = first.stat().st_mtime - 7200
+            os.utime(first, (old, old))
+        for _ in range(SEGMENT // 1000 + 2):  # one roll: past the end of the segment written
+            assert log.put(q, message(i, 1000)), f"append {i} failed on the full disk"
+            i += 1
+        assert not first.exists()
+        assert len(seg_files(qdir)) == 2
+        assert q.earliest() > 0
+    with k7core.Queue(qdir, readonly=True) as q:
+        assert read_records(q, q.earliest()) == [r for r in log.sent if r[0] >= q.earliest()]

@@ -45,6 +45,7 @@ COUNTERPARTS: dict[str, int] = {
     "K7_BUSY": _kernel.BUSY,
     "K7_RECOVER": _kernel.RECOVER,
     "K7_REMAP": _kernel.REMAP,
+    "K7_LOCKTIMEOUT": _kernel.LOCKTIMEOUT,
     "K7_SHARED_FILE_SIZE": _format.SHARED_FILE_SIZE,
     "K7_SHARED_PIDS": _format.SHARED_PIDS,
 }

@@ -1,0 +1,65 @@
+"""Child-process programs of ``test_frozen_writers.py`` (not a test module): a shared writer
+that takes one of the shared locks and keeps it, for the test to freeze with SIGSTOP.
+
+Run as ``python -m tests.k7core._frozen_children <mode> DIR FSYNC`` (``tests._childproc.Child``
+with ``program=``). Each opens ``DIR`` with ``writers="shared"`` and ``fsync=FSYNC``, enqueues
+one message, takes its lock through the kernel, prints ``held`` and sleeps until killed.
+
+``hold``
+    The lock of appends and rolls, as a writer frozen in the middle of an append holds it.
+``holdsync``
+    The lock of msyncs, as a writer frozen in the middle of an msync holds it.
+``holdthread``
+    As ``hold``, from a second thread (whose id is not the process's).
+
+``loop DIR FSYNC``
+    Open ``DIR`` as above, print ``ready``, then append in a loop (``enqueue`` and
+    ``enqueue_many`` in turn) until killed: a writer that a SIGSTOP freezes wherever it is.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import k7core
+from k7core._kernel import lib
+from tests._children import say
+
+
+def main() -> None:
+    mode, d, fsync = sys.argv[1:]
+    q = k7core.Queue(d, writers="shared", fsync=fsync)
+    if mode == "loop":
+        say("ready")
+        while True:
+            q.enqueue(b"from the child")
+            q.enqueue_many([b"child batch"] * 4)
+    q.enqueue(b"from the child")
+    w = q._writer
+    assert w is not None
+    take = {"hold": lib.k7_shared_lock, "holdthread": lib.k7_shared_lock,
+            "holdsync": lib.k7_shared_sync_hold}[mode]
+    got: list[int] = []
+    if mode == "holdthread":  # the thread lives on: a robust lock dies with its thread
+        taken = threading.Event()
+
+        def hold() -> None:
+            got.append(take(w.c))
+            taken.set()
+            while True:
+                time.sleep(60)
+
+        threading.Thread(target=hold, daemon=True).start()
+        taken.wait()
+    else:
+        got.append(take(w.c))
+    assert got == [0], f"{mode}: the lock was not granted"
+    say("held")
+    while True:
+        time.sleep(60)
+
+
+if __name__ == "__main__":
+    main()

@@ -16,10 +16,11 @@ has msync'd its record: the records of every thread that appended meanwhile shar
 msync (group commit), and a call returns only once its record is on stable storage.
 
 Two threads of the store's own: the *timer* (one per store, not one per job) applies
-deadlines when they fall due and wakes the reservers; the *snapshotter* writes snapshots in
-the background from its own copy of the state (the newest snapshot plus the journal since,
-replayed), so puts and reserves do not wait for it, then trims the journal below the older
-of the two snapshots it keeps.
+deadlines when they fall due and wakes the reservers (it reads the clock again at least
+every ``CLOCK_RECHECK`` seconds while a deadline is pending: the clock may jump); the
+*snapshotter* writes snapshots in the background from its own copy of the state (the
+newest snapshot plus the journal since, replayed), so puts and reserves do not wait for
+it, then trims the journal below the older of the two snapshots it keeps.
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ SNAPSHOT_MIN_BYTES = 64 << 20
 size of the last snapshot if that is more: disk use and open time follow the live jobs."""
 READ_BATCH = 65536
 FORGET_RECORD_KEYS = 512
+CLOCK_RECHECK = 0.5
+"""The longest the store sleeps on a distance read on its clock before reading it again
+(seconds): a clock that jumps forward (a step of the wall clock, an injected test clock)
+then brings a deadline that passed within this much, not after the distance computed
+before the jump."""
 """Keys per FORGET record at most (512 keys of 1 KiB fit a journal frame easily)."""
 
 
@@ -971,7 +977,8 @@ class JobStore(Resource):
                 self._advance()
                 deadline = self._machine.next_deadline()
                 self._timer_at = deadline
-                wait = None if deadline is None else max(deadline - self._clock(), 0.0)
+                wait = (None if deadline is None
+                        else min(max(deadline - self._clock(), 0.0), CLOCK_RECHECK))
                 self._wake_timer.wait(wait)
 
     def _run_snapshotter(self) -> None:

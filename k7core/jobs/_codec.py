@@ -69,6 +69,7 @@ import gc
 import struct
 import sys
 from array import array
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate, pairwise
 
@@ -500,6 +501,10 @@ def _load(raw: bytes, end: int, version: int) -> JobMachine:
     if len(lengths) != count or ends[-1] > end:
         raise ValueError("the bodies run past the end")
     machine.load_jobs(rows, names, [raw[a:b] for a, b in pairwise(ends)])
+    if len(machine) != count:  # two rows held one id: the later one replaced the earlier
+        ids = [row[0] for row in _ROW.iter_unpack(memoryview(raw)[pos:at])]
+        twice = next(i for i, n in Counter(ids).items() if n > 1)
+        raise ValueError(f"its rows hold two jobs with id {twice}")
     pos = ends[-1]
     (count,) = _COUNT.unpack_from(raw, pos)
     pos += _COUNT.size

@@ -11,6 +11,7 @@ from ._errors import CorruptJobDataError as CorruptJobDataError
 from ._errors import DependencyError as DependencyError
 from ._errors import InvalidJobError as InvalidJobError
 from ._errors import JobNotFoundError as JobNotFoundError
+from ._errors import JournalDamagedError as JournalDamagedError
 from ._machine import Job as Job
 from ._machine import JobState as JobState
 from ._store import CLOCK_RECHECK as CLOCK_RECHECK
@@ -32,6 +33,7 @@ __all__ = [
     "JobOwner",
     "JobState",
     "JobStore",
+    "JournalDamagedError",
     "TubeOverview",
 ]
 

@@ -48,6 +48,7 @@ from .._errors import (
 from .._format import Fsync, parse_fsync
 from .._queue import Queue
 from .._resource import Resource
+from .._stats import RecoveryEvent
 from .._storage import read_file, write_file_atomic
 from ._codec import (
     dump_snapshot,
@@ -65,6 +66,7 @@ from ._codec import (
     replay_batch,
     snapshot_position,
 )
+from ._damage import behind_snapshot, frames_after_damage, id_floor, middle_damage, pad
 from ._errors import CorruptJobDataError, InvalidJobError, JobNotFoundError
 from ._machine import Job, JobMachine, JobState, PutPlan, check_seconds
 
@@ -116,6 +118,21 @@ def list_snapshots(path: Path) -> list[tuple[int, Path]]:
             if m is not None:
                 found.append((int(m.group(1)), Path(entry.path)))
     return sorted(found, reverse=True)
+
+
+def save_snapshot(path: Path, machine: JobMachine, covered: int) -> int:
+    """Write the snapshot of ``machine`` as of journal offset ``covered`` into the store's
+    directory ``path`` (a temporary file, fsynced, renamed); return its size."""
+    size = 0
+
+    def counted() -> Iterator[bytes]:
+        nonlocal size
+        for chunk in dump_snapshot(machine, covered):
+            size += len(chunk)
+            yield chunk
+
+    write_file_atomic(path / snapshot_name(covered), counted())
+    return size
 
 
 @dataclass
@@ -247,6 +264,11 @@ class JobStore(Resource):
     ``"sync"`` (survives power loss; concurrent callers share one msync), ``"async"`` (the
     background flusher makes it durable within ``commit_interval``). A second JobStore on
     the same directory, in this process or another, gets :class:`k7core.QueueLockedError`.
+
+    A journal that lost records it had written (a damaged frame with valid ones after it,
+    or a journal that ends before its snapshot) is refused with
+    :class:`JournalDamagedError`; ``repair=True`` opens it anyway, keeping what can be read
+    and moving the next id past every id handed out (``_damage``; docs/jobs.md).
     """
 
     def __init__(
@@ -257,6 +279,7 @@ class JobStore(Resource):
         commit_interval: float = 50e-6,
         snapshot_bytes: int = SNAPSHOT_MIN_BYTES,
         clock: Callable[[], float] = time.time,
+        repair: bool = False,
     ) -> None:
         self._closed = True
         self._path = Path(path)
@@ -283,6 +306,10 @@ class JobStore(Resource):
         self.snapshot_error: BaseException | None = None
         """The last background snapshot's failure, if it failed (the journal keeps all)."""
         self._path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if repair is not True:
+            cut = frames_after_damage(self._path / JOURNAL)
+            if cut is not None:
+                raise middle_damage(self._path, *cut)
         self._journal = Queue(
             self._path / JOURNAL, fsync=Fsync.ASYNC if self._sync else self._fsync,
             commit_interval=commit_interval, segment_size=JOURNAL_SEGMENT,
@@ -291,6 +318,9 @@ class JobStore(Resource):
         try:
             remove_dead_temporaries(self._path)
             state = load_state(self._path, self._journal)
+            self.recovery_events = self._raise_floor(state, repair is True)
+            """What open did to the journal: the queue's recovery (``torn-tail-cut``...),
+            then ``journal-padded`` when it moved the next id past what was cut or lost."""
         except BaseException:
             self._journal.close()
             raise
@@ -309,6 +339,30 @@ class JobStore(Resource):
                                              name=f"k7-jobs-snapshot-{name}", daemon=True)
         self._timer.start()
         self._snapshotter.start()
+
+    def _raise_floor(self, state: State, repair: bool) -> tuple[RecoveryEvent, ...]:
+        """Refuse a journal that ends before a snapshot's position (unless ``repair``); pad
+        the journal past every id that may have been handed out (``_damage``); replace the
+        snapshots that the padding made point inside a record. The journal's events."""
+        journal = self._journal
+        stats = journal.stats()
+        events = stats.recovery_events
+        snapshots = [offset for offset, _ in list_snapshots(self._path)]
+        end = journal.end
+        ahead = max(snapshots, default=0)
+        if ahead > end and not repair:
+            raise behind_snapshot(self._path, end, ahead)
+        floor = id_floor(events, snapshots)
+        if floor <= end:
+            return events
+        padded = pad(journal, floor, stats.segments[-1].base)
+        if ahead > end:
+            state.covered = journal.end
+            state.snapshot_size = save_snapshot(self._path, state.machine, state.covered)
+            for offset, file in list_snapshots(self._path):
+                if end < offset < state.covered:
+                    file.unlink(missing_ok=True)
+        return (*events, padded)
 
     # ------------------------------------------------------------------ properties
 
@@ -907,19 +961,13 @@ class JobStore(Resource):
         with self._lock:
             covered = self._journal.end
             base = self._snapshot_base
+            if covered > base:  # the snapshot must not outlive the journal it covers
+                self._journal.sync()
         if covered <= base:
             return base
         state = load_state(self._path, self._journal, upto=covered)
-        size = 0
-
-        def counted() -> Iterator[bytes]:
-            nonlocal size
-            for chunk in dump_snapshot(state.machine, covered):
-                size += len(chunk)
-                yield chunk
-
         try:
-            write_file_atomic(self._path / snapshot_name(covered), counted())
+            size = save_snapshot(self._path, state.machine, covered)
         finally:
             state.machine.dismantle()
         kept = [covered]

@@ -291,6 +291,7 @@ STAY_READABLE: dict[str, dict[str, str]] = {
         "fsync": "an option the store was opened with: plain data",
         "snapshot_error": "the last background snapshot's failure: plain data",
         "skipped_snapshots": "what open found: plain data",
+        "recovery_events": "what open did: plain data",
         "remove_ready_listener": "undoing a registration: a server stopping after the store",
         "unref_tube": "a no-op once closed: a server's connections end after the store",
     },

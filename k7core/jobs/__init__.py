@@ -12,6 +12,7 @@ from ._errors import DependencyError as DependencyError
 from ._errors import InvalidJobError as InvalidJobError
 from ._errors import JobNotFoundError as JobNotFoundError
 from ._errors import JournalDamagedError as JournalDamagedError
+from ._errors import NotAJobStoreError as NotAJobStoreError
 from ._machine import Job as Job
 from ._machine import JobState as JobState
 from ._store import CLOCK_RECHECK as CLOCK_RECHECK
@@ -34,6 +35,7 @@ __all__ = [
     "JobState",
     "JobStore",
     "JournalDamagedError",
+    "NotAJobStoreError",
     "TubeOverview",
 ]
 

@@ -42,3 +42,8 @@ class JournalDamagedError(CorruptJobDataError):
         super().__init__(message, path=str(path), offset=start, hint=hint)
         self.start = start
         self.end = end
+
+
+class NotAJobStoreError(K7Error):
+    """The path is no job store's directory and cannot become one: a file, or a k7
+    queue's directory (a job store keeps its journal queue in ``DIR/journal/``)."""

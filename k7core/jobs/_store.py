@@ -43,9 +43,10 @@ from .._errors import (
     DataLossError,
     IntegrityError,
     MessageTooLargeError,
+    QueueLockedError,
     StorageError,
 )
-from .._format import Fsync, parse_fsync
+from .._format import Fsync, parse_fsync, queue_file
 from .._queue import Queue
 from .._resource import Resource
 from .._stats import RecoveryEvent
@@ -67,7 +68,7 @@ from ._codec import (
     snapshot_position,
 )
 from ._damage import behind_snapshot, frames_after_damage, id_floor, middle_damage, pad
-from ._errors import CorruptJobDataError, InvalidJobError, JobNotFoundError
+from ._errors import CorruptJobDataError, InvalidJobError, JobNotFoundError, NotAJobStoreError
 from ._machine import Job, JobMachine, JobState, PutPlan, check_seconds
 
 JOURNAL = "journal"
@@ -118,6 +119,29 @@ def list_snapshots(path: Path) -> list[tuple[int, Path]]:
             if m is not None:
                 found.append((int(m.group(1)), Path(entry.path)))
     return sorted(found, reverse=True)
+
+
+def make_store_dir(path: Path) -> None:
+    """Create the store's directory ``path`` if missing; NotAJobStoreError for a file or a
+    k7 queue's directory, StorageError (with a hint) when the system refuses."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        names = [] if (path / JOURNAL).is_dir() else os.listdir(path)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise NotAJobStoreError(
+            f"{path} cannot be a job store's directory: {exc.filename} is a file", path=path,
+            hint="give the path of a directory (created if missing)") from exc
+    except OSError as exc:
+        raise StorageError(
+            f"cannot create or read the job store's directory {path}: {exc.strerror}",
+            errno_=exc.errno or 0, path=path,
+            hint="check the permissions of the directory and of its parents, or give "
+                 "another path") from exc
+    if any(queue_file(name) for name in names):
+        raise NotAJobStoreError(
+            f"{path} is a k7 queue's directory, not a job store's", path=path,
+            hint="a job store keeps its journal queue in DIR/journal/: give it a directory "
+                 "of its own")
 
 
 def save_snapshot(path: Path, machine: JobMachine, covered: int) -> int:
@@ -305,15 +329,22 @@ class JobStore(Resource):
         self._snapshot_due = False
         self.snapshot_error: BaseException | None = None
         """The last background snapshot's failure, if it failed (the journal keeps all)."""
-        self._path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_store_dir(self._path)
         if repair is not True:
             cut = frames_after_damage(self._path / JOURNAL)
             if cut is not None:
                 raise middle_damage(self._path, *cut)
-        self._journal = Queue(
-            self._path / JOURNAL, fsync=Fsync.ASYNC if self._sync else self._fsync,
-            commit_interval=commit_interval, segment_size=JOURNAL_SEGMENT,
-        )
+        try:
+            self._journal = Queue(
+                self._path / JOURNAL, fsync=Fsync.ASYNC if self._sync else self._fsync,
+                commit_interval=commit_interval, segment_size=JOURNAL_SEGMENT,
+            )
+        except QueueLockedError as exc:
+            raise QueueLockedError(
+                f"job store {self._path} is open in another JobStore (of this process or "
+                "another)", path=self._path,
+                hint="close the other JobStore: one owns a store at a time; `k7 jobs stats`, "
+                     "`peek` and `errors` read a store while it is open") from exc
         self._enqueue = self._journal.enqueue
         try:
             remove_dead_temporaries(self._path)

@@ -113,7 +113,8 @@ def read_store(d: Path) -> _Look:
                 f"the journal of {d} has a corrupt frame at offset {exc.offset}",
                 path=d / JOURNAL, offset=exc.offset,
                 hint=f"`k7 verify {d / JOURNAL}` lists the damage; restore the store's "
-                     "directory from a backup",
+                     f"directory from a backup, or, if the damage lies in the journal's "
+                     f"last segment, `k7 jobs repair {d}` drops the records from it on",
             ) from exc
         except (DataLossError, StorageError) as exc:
             if not _raced(exc) or attempt == READ_ATTEMPTS - 1:

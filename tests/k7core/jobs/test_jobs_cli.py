@@ -230,6 +230,7 @@ def test_repair_a_damaged_journal(tmp_path: Path) -> None:
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x20]))
+    assert f"`k7 jobs repair {d}`" in failed(k7("jobs", "stats", d))
     err = failed(k7("jobs", "kick", d, "default", "1"))
     assert f"JournalDamagedError: the journal of job store {d} has a damaged frame at " \
            f"offset {ids[4] - 1}" in err and "k7 jobs repair" in err

@@ -22,10 +22,17 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from .._format import FRAME_ALIGN, FRAME_HEADER, frame_size, segment_name
+from .._format import FRAME_ALIGN, FRAME_HEADER, WRITER_LOCK, frame_size, segment_name
 from .._queue import Queue
 from .._stats import RecoveryEvent
-from .._storage import last_data, list_segments, map_file, next_frame, valid_end
+from .._storage import (
+    last_data,
+    list_segments,
+    lock_is_free,
+    map_file,
+    next_frame,
+    valid_end,
+)
 from ._codec import encode_pad
 from ._errors import JournalDamagedError
 
@@ -40,7 +47,9 @@ PADDED = "journal-padded"
 def frames_after_damage(journal: Path) -> tuple[int, int] | None:
     """The journal offsets ``(start, end)`` of what a writer's recovery would cut from the
     last segment of ``journal`` although valid frames lie in it (a damaged frame in the
-    middle: not a torn tail); None when nothing valid follows the valid prefix. Reads only."""
+    middle: not a torn tail); None when nothing valid follows the valid prefix, or when a
+    writer holds the journal (a frame it is writing is no damage; the open is refused as
+    locked). Reads only."""
     bases = list_segments(journal) if journal.is_dir() else []
     if not bases:
         return None
@@ -53,7 +62,7 @@ def frames_after_damage(journal: Path) -> tuple[int, int] | None:
         start = valid_end(m, m.size)
         last = last_data(m.ptr, seg, start, m.size)
         found = next_frame(m, start + FRAME_ALIGN, m.size) if last > start else m.size
-        if found >= m.size:
+        if found >= m.size or not lock_is_free(journal / WRITER_LOCK):
             return None
         end = found
         while found < m.size:  # the last valid frame after the damage, however it is spread

@@ -148,3 +148,17 @@ def test_a_torn_last_frame_is_cut_and_its_id_is_not_handed_out_again(tmp_path: P
         assert store.peek(ids[-1]) is None and len(store) == 4
         assert [e.kind for e in store.recovery_events] == ["torn-tail-cut", "journal-padded"]
         assert store.put(b"new") > ids[-1]
+
+
+def test_a_store_open_elsewhere_is_locked_whatever_its_journal_holds(tmp_path: Path) -> None:
+    """The look for damage happens before the journal's lock is taken: while another
+    JobStore has the journal (whose frame being written may look damaged for a moment),
+    open says the store is locked."""
+    path = tmp_path / "store"
+    with JobStore(path) as store:
+        ids = [store.put(b"job %d" % i) for i in range(10)]
+        flip(path, ids[3] - 1 + 12)
+        with pytest.raises(k7core.QueueLockedError):
+            JobStore(path)
+    with pytest.raises(JournalDamagedError):
+        JobStore(path)

@@ -34,8 +34,9 @@ from .._errors import CorruptFrameError, DataLossError, QueueLockedError, Storag
 from .._queue import Queue
 from .._stats import list_segment_infos
 from ._errors import CorruptJobDataError, InvalidJobError, JobNotFoundError
+from ._files import JOURNAL
 from ._machine import Job, JobMachine, JobState, check_tube
-from ._store import JOURNAL, JobStore, State, load_state, overview
+from ._store import JobStore, State, load_state, overview
 
 EXIT_ERROR = 3
 READ_ATTEMPTS = 5

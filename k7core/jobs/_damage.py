@@ -35,6 +35,8 @@ from .._storage import (
 )
 from ._codec import encode_pad
 from ._errors import JournalDamagedError
+from ._files import list_snapshots, save_snapshot
+from ._machine import JobMachine
 
 log = logging.getLogger("k7core.jobs")
 
@@ -117,3 +119,32 @@ def pad(journal: Queue, floor: int, segment: int) -> RecoveryEvent:
     log.warning("k7core.jobs: the journal %s was padded from offset %d to %d: no job id below "
                 "%d is handed out again", journal.path, start, nxt, nxt)
     return RecoveryEvent(PADDED, segment, start, nxt - start, None, time.time())
+
+
+def raise_floor(
+    path: Path, journal: Queue, machine: JobMachine, repair: bool
+) -> tuple[tuple[RecoveryEvent, ...], tuple[int, int] | None]:
+    """After the journal of the store in ``path`` is open and ``machine`` rebuilt: refuse a
+    journal that ends before a snapshot's position (unless ``repair``); :func:`pad` it past
+    every id that may have been handed out; replace the snapshots the padding made point
+    inside a record with one of ``machine`` at the journal's new end. Returns the journal's
+    events (and the pad's), and the new snapshot's (position, size) if one was written."""
+    stats = journal.stats()
+    events = stats.recovery_events
+    snapshots = [offset for offset, _ in list_snapshots(path)]
+    end = journal.end
+    ahead = max(snapshots, default=0)
+    if ahead > end and not repair:
+        raise behind_snapshot(path, end, ahead)
+    floor = id_floor(events, snapshots)
+    if floor <= end:
+        return events, None
+    padded = pad(journal, floor, stats.segments[-1].base)
+    if ahead <= end:
+        return (*events, padded), None
+    covered = journal.end
+    size = save_snapshot(path, machine, covered)
+    for offset, file in list_snapshots(path):
+        if end < offset < covered:
+            file.unlink(missing_ok=True)
+    return (*events, padded), (covered, size)

@@ -29,7 +29,6 @@ import contextlib
 import gc
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -46,13 +45,11 @@ from .._errors import (
     QueueLockedError,
     StorageError,
 )
-from .._format import Fsync, parse_fsync, queue_file
+from .._format import Fsync, parse_fsync
 from .._queue import Queue
 from .._resource import Resource
-from .._stats import RecoveryEvent
-from .._storage import read_file, write_file_atomic
+from .._storage import read_file
 from ._codec import (
-    dump_snapshot,
     encode_bury,
     encode_delete,
     encode_forget,
@@ -67,14 +64,17 @@ from ._codec import (
     replay_batch,
     snapshot_position,
 )
-from ._damage import behind_snapshot, frames_after_damage, id_floor, middle_damage, pad
-from ._errors import CorruptJobDataError, InvalidJobError, JobNotFoundError, NotAJobStoreError
+from ._damage import frames_after_damage, middle_damage, raise_floor
+from ._errors import CorruptJobDataError, InvalidJobError, JobNotFoundError
+from ._files import (
+    JOURNAL,
+    list_snapshots,
+    make_store_dir,
+    remove_dead_temporaries,
+    save_snapshot,
+)
 from ._machine import Job, JobMachine, JobState, PutPlan, check_seconds
 
-JOURNAL = "journal"
-"""The journal's directory inside the store's directory."""
-_SNAPSHOT = re.compile(r"snapshot-(\d{20})\.k7jobs")
-_SNAPSHOT_TMP = re.compile(r"snapshot-\d{20}\.k7jobs\.tmp")  # write_file_atomic's
 SNAPSHOTS_KEPT = 2
 """Snapshots kept: the newest, and the one before it in case the newest cannot be read (the
 journal is kept from the older one's offset)."""
@@ -87,76 +87,12 @@ SNAPSHOT_MIN_BYTES = 64 << 20
 size of the last snapshot if that is more: disk use and open time follow the live jobs."""
 READ_BATCH = 65536
 FORGET_RECORD_KEYS = 512
+"""Keys per FORGET record at most (512 keys of 1 KiB fit a journal frame easily)."""
 CLOCK_RECHECK = 0.5
 """The longest the store sleeps on a distance read on its clock before reading it again
 (seconds): a clock that jumps forward (a step of the wall clock, an injected test clock)
 then brings a deadline that passed within this much, not after the distance computed
 before the jump."""
-"""Keys per FORGET record at most (512 keys of 1 KiB fit a journal frame easily)."""
-
-
-def remove_dead_temporaries(path: Path) -> None:
-    """Delete the temporary files of snapshots that a crash cut short (call it holding the
-    journal's writer lock: no snapshot of the store is being written)."""
-    with os.scandir(path) as entries:
-        for entry in entries:
-            if _SNAPSHOT_TMP.fullmatch(entry.name):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-
-
-def snapshot_name(offset: int) -> str:
-    """The file name of the snapshot that covers the journal below ``offset``."""
-    return f"snapshot-{offset:020d}.k7jobs"
-
-
-def list_snapshots(path: Path) -> list[tuple[int, Path]]:
-    """The store's snapshots, newest first, as (journal offset covered, file)."""
-    found = []
-    with os.scandir(path) as entries:
-        for entry in entries:
-            m = _SNAPSHOT.fullmatch(entry.name)
-            if m is not None:
-                found.append((int(m.group(1)), Path(entry.path)))
-    return sorted(found, reverse=True)
-
-
-def make_store_dir(path: Path) -> None:
-    """Create the store's directory ``path`` if missing; NotAJobStoreError for a file or a
-    k7 queue's directory, StorageError (with a hint) when the system refuses."""
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        names = [] if (path / JOURNAL).is_dir() else os.listdir(path)
-    except (FileExistsError, NotADirectoryError) as exc:
-        raise NotAJobStoreError(
-            f"{path} cannot be a job store's directory: {exc.filename} is a file", path=path,
-            hint="give the path of a directory (created if missing)") from exc
-    except OSError as exc:
-        raise StorageError(
-            f"cannot create or read the job store's directory {path}: {exc.strerror}",
-            errno_=exc.errno or 0, path=path,
-            hint="check the permissions of the directory and of its parents, or give "
-                 "another path") from exc
-    if any(queue_file(name) for name in names):
-        raise NotAJobStoreError(
-            f"{path} is a k7 queue's directory, not a job store's", path=path,
-            hint="a job store keeps its journal queue in DIR/journal/: give it a directory "
-                 "of its own")
-
-
-def save_snapshot(path: Path, machine: JobMachine, covered: int) -> int:
-    """Write the snapshot of ``machine`` as of journal offset ``covered`` into the store's
-    directory ``path`` (a temporary file, fsynced, renamed); return its size."""
-    size = 0
-
-    def counted() -> Iterator[bytes]:
-        nonlocal size
-        for chunk in dump_snapshot(machine, covered):
-            size += len(chunk)
-            yield chunk
-
-    write_file_atomic(path / snapshot_name(covered), counted())
-    return size
 
 
 @dataclass
@@ -330,7 +266,7 @@ class JobStore(Resource):
         self.snapshot_error: BaseException | None = None
         """The last background snapshot's failure, if it failed (the journal keeps all)."""
         make_store_dir(self._path)
-        if repair is not True:
+        if not repair:
             cut = frames_after_damage(self._path / JOURNAL)
             if cut is not None:
                 raise middle_damage(self._path, *cut)
@@ -349,9 +285,12 @@ class JobStore(Resource):
         try:
             remove_dead_temporaries(self._path)
             state = load_state(self._path, self._journal)
-            self.recovery_events = self._raise_floor(state, repair is True)
+            self.recovery_events, replaced = raise_floor(self._path, self._journal,
+                                                         state.machine, bool(repair))
             """What open did to the journal: the queue's recovery (``torn-tail-cut``...),
             then ``journal-padded`` when it moved the next id past what was cut or lost."""
+            if replaced is not None:  # a new snapshot, at the padded journal's end
+                state.covered, state.snapshot_size = replaced
         except BaseException:
             self._journal.close()
             raise
@@ -370,30 +309,6 @@ class JobStore(Resource):
                                              name=f"k7-jobs-snapshot-{name}", daemon=True)
         self._timer.start()
         self._snapshotter.start()
-
-    def _raise_floor(self, state: State, repair: bool) -> tuple[RecoveryEvent, ...]:
-        """Refuse a journal that ends before a snapshot's position (unless ``repair``); pad
-        the journal past every id that may have been handed out (``_damage``); replace the
-        snapshots that the padding made point inside a record. The journal's events."""
-        journal = self._journal
-        stats = journal.stats()
-        events = stats.recovery_events
-        snapshots = [offset for offset, _ in list_snapshots(self._path)]
-        end = journal.end
-        ahead = max(snapshots, default=0)
-        if ahead > end and not repair:
-            raise behind_snapshot(self._path, end, ahead)
-        floor = id_floor(events, snapshots)
-        if floor <= end:
-            return events
-        padded = pad(journal, floor, stats.segments[-1].base)
-        if ahead > end:
-            state.covered = journal.end
-            state.snapshot_size = save_snapshot(self._path, state.machine, state.covered)
-            for offset, file in list_snapshots(self._path):
-                if end < offset < state.covered:
-                    file.unlink(missing_ok=True)
-        return (*events, padded)
 
     # ------------------------------------------------------------------ properties
 

@@ -33,7 +33,8 @@ from k7core.jobs import (
     JobState,
     JobStore,
 )
-from k7core.jobs._store import JOURNAL, JOURNAL_SEGMENT, list_snapshots
+from k7core.jobs._files import JOURNAL, list_snapshots
+from k7core.jobs._store import JOURNAL_SEGMENT
 from tests._queuehelp import (
     check_listed,
     close_cases,

@@ -19,7 +19,7 @@ import pytest
 import k7core
 from k7core._faults import inject
 from k7core.jobs import CorruptJobDataError, JobStore, JournalDamagedError
-from k7core.jobs._store import JOURNAL, list_snapshots
+from k7core.jobs._files import JOURNAL, list_snapshots
 from tests.k7core.jobs._storehelp import journal_end
 
 

@@ -17,7 +17,7 @@ import pytest
 
 import k7core
 from k7core.jobs import JobStore, NotAJobStoreError
-from k7core.jobs._store import JOURNAL
+from k7core.jobs._files import JOURNAL
 from tests._queuehelp import run_python
 from tests.k7core.test_permissions import unprivileged
 

@@ -101,8 +101,9 @@ def _damaged(path: Path, start: int, end: int, what: str, kept: str) -> JournalD
 
 
 def id_floor(events: Iterable[RecoveryEvent], snapshots: Iterable[int]) -> int:
-    """The least next offset that hands out no id again: past whatever the queue's
-    recovery cut, and at least every snapshot's position."""
+    """The least next offset that hands out no id again, but for the live jobs' (a job's
+    id is its put's offset + 1): past whatever the queue's recovery cut, and at least
+    every snapshot's position."""
     cuts = (e.offset + e.nbytes for e in events if e.kind == "torn-tail-cut")
     return max((0, *cuts, *snapshots))
 
@@ -126,9 +127,10 @@ def raise_floor(
 ) -> tuple[tuple[RecoveryEvent, ...], tuple[int, int] | None]:
     """After the journal of the store in ``path`` is open and ``machine`` rebuilt: refuse a
     journal that ends before a snapshot's position (unless ``repair``); :func:`pad` it past
-    every id that may have been handed out; replace the snapshots the padding made point
-    inside a record with one of ``machine`` at the journal's new end. Returns the journal's
-    events (and the pad's), and the new snapshot's (position, size) if one was written."""
+    every id that may have been handed out and every live job's id; replace the snapshots
+    the padding made point inside a record with one of ``machine`` at the journal's new
+    end. Returns the journal's events (and the pad's), and the new snapshot's (position,
+    size) if one was written."""
     stats = journal.stats()
     events = stats.recovery_events
     snapshots = [offset for offset, _ in list_snapshots(path)]
@@ -136,7 +138,7 @@ def raise_floor(
     ahead = max(snapshots, default=0)
     if ahead > end and not repair:
         raise behind_snapshot(path, end, ahead)
-    floor = id_floor(events, snapshots)
+    floor = max(id_floor(events, snapshots), machine.highest_id())
     if floor <= end:
         return events, None
     padded = pad(journal, floor, stats.segments[-1].base)

@@ -19,6 +19,7 @@ import pytest
 import k7core
 from k7core._faults import inject
 from k7core.jobs import CorruptJobDataError, JobStore, JournalDamagedError
+from k7core.jobs._codec import dump_snapshot, load_snapshot
 from k7core.jobs._files import JOURNAL, list_snapshots
 from tests.k7core.jobs._storehelp import journal_end
 
@@ -162,3 +163,23 @@ def test_a_store_open_elsewhere_is_locked_whatever_its_journal_holds(tmp_path: P
             JobStore(path)
     with pytest.raises(JournalDamagedError):
         JobStore(path)
+
+
+def test_the_next_id_lies_past_every_id_a_snapshot_holds(tmp_path: Path) -> None:
+    """A snapshot that holds a job whose id lies past the journal's end (written so, its
+    CRC32C checks out): the next put does not take that id, nor any below it."""
+    path = tmp_path / "store"
+    with JobStore(path, snapshot_bytes=1 << 40) as store:
+        store.put(b"job")
+        covered = store.snapshot()
+    (_, file), = list_snapshots(path)
+    machine = load_snapshot(file.read_bytes())
+    plan = machine.check_put("default", b"far", 1, 0, 60, None, (), 0.0)
+    assert not isinstance(plan, int)
+    far = covered + 10_000
+    machine.apply_put(far, plan)
+    file.write_bytes(b"".join(dump_snapshot(machine, covered)))
+    with JobStore(path) as store:
+        assert store.peek(far) is not None
+        new = store.put(b"new")
+        assert new > far and store.peek(far).body == b"far"  # type: ignore[union-attr]

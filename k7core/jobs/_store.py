@@ -68,6 +68,7 @@ from ._damage import frames_after_damage, middle_damage, raise_floor
 from ._errors import CorruptJobDataError, InvalidJobError, JobNotFoundError
 from ._files import (
     JOURNAL,
+    journal_holder,
     list_snapshots,
     make_store_dir,
     remove_dead_temporaries,
@@ -276,9 +277,12 @@ class JobStore(Resource):
                 commit_interval=commit_interval, segment_size=JOURNAL_SEGMENT,
             )
         except QueueLockedError as exc:
+            pid = journal_holder(self._path)
             raise QueueLockedError(
-                f"job store {self._path} is open in another JobStore (of this process or "
-                "another)", path=self._path,
+                f"job store {self._path} is open in another JobStore ("
+                + ("of this process" if pid == os.getpid() else
+                   "of another process" if pid is None else f"process {pid}") + ")",
+                path=self._path,
                 hint="close the other JobStore: one owns a store at a time; `k7 jobs stats`, "
                      "`peek` and `errors` read a store while it is open") from exc
         self._enqueue = self._journal.enqueue

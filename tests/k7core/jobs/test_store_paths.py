@@ -78,8 +78,11 @@ def test_a_store_open_elsewhere_is_locked_with_a_hint_for_stores(tmp_path: Path)
     with JobStore(path):
         name, message, hint = run_python(_TRY_OPEN, str(path)).split(" | ")
     assert name == "QueueLockedError"
-    assert f"job store {path}" in message and "readonly" not in message + hint, (message, hint)
+    assert f"job store {path} is open in another JobStore (process {os.getpid()})" in message
+    assert "readonly" not in message + hint, (message, hint)
     assert "k7 jobs" in hint
+    with JobStore(path), pytest.raises(k7core.QueueLockedError, match="of this process"):
+        JobStore(path)
 
 
 @pytest.fixture

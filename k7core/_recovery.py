@@ -137,10 +137,20 @@ def cut_tail(
         return
     side = path / torn_name(base, end, time.time_ns())
     side_fd = open_fd(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, options.file_mode)
-    with os.fdopen(side_fd, "wb") as f:
-        f.write(m.read(end, last))
-        f.flush()
-        fsync_file(f.fileno(), side)
+    try:
+        with os.fdopen(side_fd, "wb") as f:
+            f.write(m.read(end, last))
+            f.flush()
+            fsync_file(f.fileno(), side)
+    except OSError as exc:  # a full disk: nothing is cut, and no empty side file is left
+        with contextlib.suppress(OSError):
+            os.unlink(side)
+        raise StorageError(
+            f"cannot save the {last - end} bytes after the last valid frame of "
+            f"{segment_name(base)} (offset {base + end}) to {side.name} before cutting "
+            f"them: {exc.strerror or exc}", errno_=exc.errno or 0, path=side,
+            hint="free space on the queue's filesystem, then open the queue again (recovery "
+                 "keeps the bytes it cuts)") from exc
     m.zero(end, last)
     err = msync_range(m, end, last)
     if err:

@@ -18,7 +18,7 @@ from typing import Any
 from k7core import K7Error
 from k7core.beanstalk import VERSION, Op, Request
 from k7core.beanstalk import protocol as wire
-from k7core.jobs import Job, JobNotFoundError, JobOwner, JobStore
+from k7core.jobs import CLOCK_RECHECK, Job, JobNotFoundError, JobOwner, JobStore
 
 log = logging.getLogger("k7async.server")
 
@@ -251,9 +251,11 @@ class Session:
         return None
 
     def wake_in(self) -> float | None:
-        """Seconds until a waiting reserve of this connection must answer DEADLINE_SOON."""
+        """Seconds until a waiting reserve of this connection must look again whether to
+        answer DEADLINE_SOON: when that is due, or after CLOCK_RECHECK (the store's clock
+        may jump meanwhile)."""
         left = self.owner.time_left()
-        return None if left is None else max(left - DEADLINE_MARGIN, 0.0)
+        return None if left is None else min(max(left - DEADLINE_MARGIN, 0.0), CLOCK_RECHECK)
 
     def _reserve_job(self, r: Request) -> bytes:
         job = self.owner.reserve_job(r.job_id)

@@ -11,8 +11,11 @@ from ._errors import CorruptJobDataError as CorruptJobDataError
 from ._errors import DependencyError as DependencyError
 from ._errors import InvalidJobError as InvalidJobError
 from ._errors import JobNotFoundError as JobNotFoundError
+from ._errors import JournalDamagedError as JournalDamagedError
+from ._errors import NotAJobStoreError as NotAJobStoreError
 from ._machine import Job as Job
 from ._machine import JobState as JobState
+from ._store import CLOCK_RECHECK as CLOCK_RECHECK
 from ._store import JOURNAL_SEGMENT as JOURNAL_SEGMENT
 from ._store import MAX_BODY as MAX_BODY
 from ._store import JobOwner as JobOwner
@@ -20,6 +23,7 @@ from ._store import JobStore as JobStore
 from ._store import TubeOverview as TubeOverview
 
 __all__ = [
+    "CLOCK_RECHECK",
     "JOURNAL_SEGMENT",
     "MAX_BODY",
     "CorruptJobDataError",
@@ -30,6 +34,8 @@ __all__ = [
     "JobOwner",
     "JobState",
     "JobStore",
+    "JournalDamagedError",
+    "NotAJobStoreError",
     "TubeOverview",
 ]
 

@@ -34,8 +34,9 @@ from .._errors import CorruptFrameError, DataLossError, QueueLockedError, Storag
 from .._queue import Queue
 from .._stats import list_segment_infos
 from ._errors import CorruptJobDataError, InvalidJobError, JobNotFoundError
+from ._files import JOURNAL
 from ._machine import Job, JobMachine, JobState, check_tube
-from ._store import JOURNAL, JobStore, State, load_state, overview
+from ._store import JobStore, State, load_state, overview
 
 EXIT_ERROR = 3
 READ_ATTEMPTS = 5
@@ -113,7 +114,8 @@ def read_store(d: Path) -> _Look:
                 f"the journal of {d} has a corrupt frame at offset {exc.offset}",
                 path=d / JOURNAL, offset=exc.offset,
                 hint=f"`k7 verify {d / JOURNAL}` lists the damage; restore the store's "
-                     "directory from a backup",
+                     f"directory from a backup, or, if the damage lies in the journal's "
+                     f"last segment, `k7 jobs repair {d}` drops the records from it on",
             ) from exc
         except (DataLossError, StorageError) as exc:
             if not _raced(exc) or attempt == READ_ATTEMPTS - 1:
@@ -380,12 +382,12 @@ def echo_buried(tube: str, jobs: Sequence[tuple[str, Sequence[str], Sequence[str
 # ---------------------------------------------------------------------------------- writes
 
 
-def open_store(directory: str, hint: str = LOCKED_HINT) -> JobStore:
+def open_store(directory: str, hint: str = LOCKED_HINT, *, repair: bool = False) -> JobStore:
     """The store, opened to change it; a QueueLockedError with ``hint`` if a process owns
     it."""
     d = store_dir(directory)
     try:
-        return JobStore(d, fsync="sync")
+        return JobStore(d, fsync="sync", repair=repair)
     except QueueLockedError as exc:
         raise QueueLockedError(f"job store {d} is open in another process", path=d,
                                hint=hint) from exc
@@ -438,6 +440,22 @@ def delete(directory: str, job_ids: tuple[int, ...]) -> None:
             store.delete(job_id)
             assert job is not None
             click.echo(f"deleted job {job_id} ({job.state.value}, tube {job.tube!r})")
+
+
+
+@jobs.command()
+@click.argument("directory")
+def repair(directory: str) -> None:
+    """Open a store whose journal lost records it had written (JournalDamagedError: a
+    damaged frame with valid ones after it, or a journal that ends before its snapshot)
+    anyway: keep what can be read, move the next job id past every id handed out, and say
+    what was done. Opening an undamaged store changes nothing. Needs the store's lock."""
+    with open_store(directory, repair=True) as store:
+        events, live = store.recovery_events, len(store)
+    for e in events:
+        saved = f", saved to {e.side_file}" if e.side_file else ""
+        click.echo(f"{e.kind}: {e.nbytes:,} bytes from journal offset {e.offset:,}{saved}")
+    click.echo(f"{live:,} live job(s); the next job id is past every id handed out")
 
 
 __all__ = ["jobs"]

@@ -24,9 +24,12 @@ PUT the id *offset of its frame + 1* (never 0, never reused), so a PUT does not 
                 mark that stored nothing: its key was taken)
     FORGET   9  u8 tube length, the tube, then per key: u16 length, the key (to the end)
     FORGET_GROUP 10  u8 tube length, the tube, then the group's name: the rest of the record
+    PAD     11  zeros to the end of the record: nothing to apply; written by a repair so
+                that the journal's next offset, and so the next job id, lies past every id
+                that may have been handed out (``_damage``)
 
-A store written before PUT_WITH, MARK, FORGET and FORGET_GROUP existed has none of them: its
-journal replays as it did.
+A store written before PUT_WITH, MARK, FORGET, FORGET_GROUP and PAD existed has none of
+them: its journal replays as it did.
 
 Reservations, touches, time-to-run expiries, delays coming due and pauses are not journaled
 (as in beanstalkd's binlog); replaying a journal therefore leaves every job that was reserved
@@ -69,6 +72,7 @@ import gc
 import struct
 import sys
 from array import array
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate, pairwise
 
@@ -86,6 +90,7 @@ OP_PUT_WITH = 7
 OP_MARK = 8
 OP_FORGET = 9
 OP_FORGET_GROUP = 10
+OP_PAD = 11
 PUT_MARK = 1
 """PUT_WITH's flag: a mark follows."""
 PUT_REMEMBER = 2
@@ -194,6 +199,11 @@ def encode_kick(job_id: int) -> bytes:
 def encode_ready(job_id: int) -> bytes:
     """The READY record of a delayed or buried job that reserve-job takes."""
     return _READY_HEAD + job_id.to_bytes(8, "little")
+
+
+def encode_pad(length: int) -> bytes:
+    """A PAD record of ``length`` bytes (at least 1)."""
+    return bytes([OP_PAD]) + bytes(length - 1)
 
 
 def replay(machine: JobMachine, record: bytes | bytearray | memoryview, offset: int) -> None:
@@ -348,6 +358,8 @@ def _replay(machine: JobMachine, record: bytes | bytearray | memoryview, offset:
         _, job_id, priority, has_error = _BURY.unpack_from(record)
         error = str(record[_BURY.size:], "utf-8") if has_error else None
         machine.apply_bury(job_id, priority, error)
+    elif op == OP_PAD:
+        pass
     else:
         raise ValueError(f"unknown operation {op}")
 
@@ -500,6 +512,10 @@ def _load(raw: bytes, end: int, version: int) -> JobMachine:
     if len(lengths) != count or ends[-1] > end:
         raise ValueError("the bodies run past the end")
     machine.load_jobs(rows, names, [raw[a:b] for a, b in pairwise(ends)])
+    if len(machine) != count:  # two rows held one id: the later one replaced the earlier
+        ids = [row[0] for row in _ROW.iter_unpack(memoryview(raw)[pos:at])]
+        twice = next(i for i, n in Counter(ids).items() if n > 1)
+        raise ValueError(f"its rows hold two jobs with id {twice}")
     pos = ends[-1]
     (count,) = _COUNT.unpack_from(raw, pos)
     pos += _COUNT.size

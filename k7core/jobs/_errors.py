@@ -28,3 +28,22 @@ class DependencyError(InvalidJobError):
 class CorruptJobDataError(IntegrityError):
     """A journal record or a snapshot of the job store cannot be decoded: damaged, cut
     short, or written by a newer version. ``offset`` is where, when known."""
+
+
+class JournalDamagedError(CorruptJobDataError):
+    """The journal lost records that were written: it ends before the position a snapshot
+    covers (its tail never reached the disk), or a damaged frame lies in the middle of its
+    last segment with valid frames after it. Nothing was changed on disk. ``start`` and
+    ``end`` are the journal offsets of the lost range; ``JobStore(path, repair=True)``
+    keeps what can be read and moves the next id past ``end`` (see docs/jobs.md)."""
+
+    def __init__(self, message: str, *, path: object, start: int, end: int,
+                 hint: str | None = None) -> None:
+        super().__init__(message, path=str(path), offset=start, hint=hint)
+        self.start = start
+        self.end = end
+
+
+class NotAJobStoreError(K7Error):
+    """The path is no job store's directory and cannot become one: a file, or a k7
+    queue's directory (a job store keeps its journal queue in ``DIR/journal/``)."""

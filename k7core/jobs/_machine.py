@@ -1191,6 +1191,10 @@ class JobMachine:
         """Live jobs."""
         return len(self._jobs)
 
+    def highest_id(self) -> int:
+        """The largest id of a live job (0: none)."""
+        return max(self._jobs, default=0)
+
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._jobs
 

@@ -16,10 +16,11 @@ has msync'd its record: the records of every thread that appended meanwhile shar
 msync (group commit), and a call returns only once its record is on stable storage.
 
 Two threads of the store's own: the *timer* (one per store, not one per job) applies
-deadlines when they fall due and wakes the reservers; the *snapshotter* writes snapshots in
-the background from its own copy of the state (the newest snapshot plus the journal since,
-replayed), so puts and reserves do not wait for it, then trims the journal below the older
-of the two snapshots it keeps.
+deadlines when they fall due and wakes the reservers (it reads the clock again at least
+every ``CLOCK_RECHECK`` seconds while a deadline is pending: the clock may jump); the
+*snapshotter* writes snapshots in the background from its own copy of the state (the
+newest snapshot plus the journal since, replayed), so puts and reserves do not wait for
+it, then trims the journal below the older of the two snapshots it keeps.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import contextlib
 import gc
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -42,14 +42,14 @@ from .._errors import (
     DataLossError,
     IntegrityError,
     MessageTooLargeError,
+    QueueLockedError,
     StorageError,
 )
 from .._format import Fsync, parse_fsync
 from .._queue import Queue
 from .._resource import Resource
-from .._storage import read_file, write_file_atomic
+from .._storage import read_file
 from ._codec import (
-    dump_snapshot,
     encode_bury,
     encode_delete,
     encode_forget,
@@ -64,13 +64,18 @@ from ._codec import (
     replay_batch,
     snapshot_position,
 )
+from ._damage import frames_after_damage, middle_damage, raise_floor
 from ._errors import CorruptJobDataError, InvalidJobError, JobNotFoundError
+from ._files import (
+    JOURNAL,
+    journal_holder,
+    list_snapshots,
+    make_store_dir,
+    remove_dead_temporaries,
+    save_snapshot,
+)
 from ._machine import Job, JobMachine, JobState, PutPlan, check_seconds
 
-JOURNAL = "journal"
-"""The journal's directory inside the store's directory."""
-_SNAPSHOT = re.compile(r"snapshot-(\d{20})\.k7jobs")
-_SNAPSHOT_TMP = re.compile(r"snapshot-\d{20}\.k7jobs\.tmp")  # write_file_atomic's
 SNAPSHOTS_KEPT = 2
 """Snapshots kept: the newest, and the one before it in case the newest cannot be read (the
 journal is kept from the older one's offset)."""
@@ -84,32 +89,11 @@ size of the last snapshot if that is more: disk use and open time follow the liv
 READ_BATCH = 65536
 FORGET_RECORD_KEYS = 512
 """Keys per FORGET record at most (512 keys of 1 KiB fit a journal frame easily)."""
-
-
-def remove_dead_temporaries(path: Path) -> None:
-    """Delete the temporary files of snapshots that a crash cut short (call it holding the
-    journal's writer lock: no snapshot of the store is being written)."""
-    with os.scandir(path) as entries:
-        for entry in entries:
-            if _SNAPSHOT_TMP.fullmatch(entry.name):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-
-
-def snapshot_name(offset: int) -> str:
-    """The file name of the snapshot that covers the journal below ``offset``."""
-    return f"snapshot-{offset:020d}.k7jobs"
-
-
-def list_snapshots(path: Path) -> list[tuple[int, Path]]:
-    """The store's snapshots, newest first, as (journal offset covered, file)."""
-    found = []
-    with os.scandir(path) as entries:
-        for entry in entries:
-            m = _SNAPSHOT.fullmatch(entry.name)
-            if m is not None:
-                found.append((int(m.group(1)), Path(entry.path)))
-    return sorted(found, reverse=True)
+CLOCK_RECHECK = 0.5
+"""The longest the store sleeps on a distance read on its clock before reading it again
+(seconds): a clock that jumps forward (a step of the wall clock, an injected test clock)
+then brings a deadline that passed within this much, not after the distance computed
+before the jump."""
 
 
 @dataclass
@@ -241,6 +225,11 @@ class JobStore(Resource):
     ``"sync"`` (survives power loss; concurrent callers share one msync), ``"async"`` (the
     background flusher makes it durable within ``commit_interval``). A second JobStore on
     the same directory, in this process or another, gets :class:`k7core.QueueLockedError`.
+
+    A journal that lost records it had written (a damaged frame with valid ones after it,
+    or a journal that ends before its snapshot) is refused with
+    :class:`JournalDamagedError`; ``repair=True`` opens it anyway, keeping what can be read
+    and moving the next id past every id handed out (``_damage``; docs/jobs.md).
     """
 
     def __init__(
@@ -251,6 +240,7 @@ class JobStore(Resource):
         commit_interval: float = 50e-6,
         snapshot_bytes: int = SNAPSHOT_MIN_BYTES,
         clock: Callable[[], float] = time.time,
+        repair: bool = False,
     ) -> None:
         self._closed = True
         self._path = Path(path)
@@ -276,15 +266,35 @@ class JobStore(Resource):
         self._snapshot_due = False
         self.snapshot_error: BaseException | None = None
         """The last background snapshot's failure, if it failed (the journal keeps all)."""
-        self._path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._journal = Queue(
-            self._path / JOURNAL, fsync=Fsync.ASYNC if self._sync else self._fsync,
-            commit_interval=commit_interval, segment_size=JOURNAL_SEGMENT,
-        )
+        make_store_dir(self._path)
+        if not repair:
+            cut = frames_after_damage(self._path / JOURNAL)
+            if cut is not None:
+                raise middle_damage(self._path, *cut)
+        try:
+            self._journal = Queue(
+                self._path / JOURNAL, fsync=Fsync.ASYNC if self._sync else self._fsync,
+                commit_interval=commit_interval, segment_size=JOURNAL_SEGMENT,
+            )
+        except QueueLockedError as exc:
+            pid = journal_holder(self._path)
+            raise QueueLockedError(
+                f"job store {self._path} is open in another JobStore ("
+                + ("of this process" if pid == os.getpid() else
+                   "of another process" if pid is None else f"process {pid}") + ")",
+                path=self._path,
+                hint="close the other JobStore: one owns a store at a time; `k7 jobs stats`, "
+                     "`peek` and `errors` read a store while it is open") from exc
         self._enqueue = self._journal.enqueue
         try:
             remove_dead_temporaries(self._path)
             state = load_state(self._path, self._journal)
+            self.recovery_events, replaced = raise_floor(self._path, self._journal,
+                                                         state.machine, bool(repair))
+            """What open did to the journal: the queue's recovery (``torn-tail-cut``...),
+            then ``journal-padded`` when it moved the next id past what was cut or lost."""
+            if replaced is not None:  # a new snapshot, at the padded journal's end
+                state.covered, state.snapshot_size = replaced
         except BaseException:
             self._journal.close()
             raise
@@ -901,19 +911,13 @@ class JobStore(Resource):
         with self._lock:
             covered = self._journal.end
             base = self._snapshot_base
+            if covered > base:  # the snapshot must not outlive the journal it covers
+                self._journal.sync()
         if covered <= base:
             return base
         state = load_state(self._path, self._journal, upto=covered)
-        size = 0
-
-        def counted() -> Iterator[bytes]:
-            nonlocal size
-            for chunk in dump_snapshot(state.machine, covered):
-                size += len(chunk)
-                yield chunk
-
         try:
-            write_file_atomic(self._path / snapshot_name(covered), counted())
+            size = save_snapshot(self._path, state.machine, covered)
         finally:
             state.machine.dismantle()
         kept = [covered]
@@ -971,7 +975,8 @@ class JobStore(Resource):
                 self._advance()
                 deadline = self._machine.next_deadline()
                 self._timer_at = deadline
-                wait = None if deadline is None else max(deadline - self._clock(), 0.0)
+                wait = (None if deadline is None
+                        else min(max(deadline - self._clock(), 0.0), CLOCK_RECHECK))
                 self._wake_timer.wait(wait)
 
     def _run_snapshotter(self) -> None:

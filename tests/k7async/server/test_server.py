@@ -14,7 +14,9 @@ import anyio.abc
 import pytest
 
 from k7async.server import Listen, Server, ServerConfig, serve
+from k7async.server._session import ServerState, Session
 from k7core.beanstalk import Reply, ReplyParser, put_command
+from k7core.jobs import CLOCK_RECHECK, JOURNAL_SEGMENT, JobStore
 
 pytestmark = pytest.mark.anyio
 
@@ -225,3 +227,21 @@ async def test_metrics(tmp_path: Path, fsync: str) -> None:
         assert value("k7_server_commands_total", {"command": "reserve-with-timeout"}) == 1
         assert value("k7_server_commands_total", {"command": "delete"}) == 0
         assert value("k7_server_draining") == 0
+
+
+def test_a_waiting_reserve_reads_the_clock_again_for_deadline_soon(tmp_path: Path) -> None:
+    """A waiting reserve sleeps until DEADLINE_SOON is due, by the store's clock; the clock
+    can jump (a step of the wall clock), so it sleeps at most CLOCK_RECHECK before looking
+    again, not the whole distance read before the jump."""
+    now = [1_000_000.0]
+    with JobStore(tmp_path / "jobs", clock=lambda: now[0]) as store:
+        session = Session(ServerState(store, 65535, JOURNAL_SEGMENT))
+        job_id = store.put(b"long", ttr=3600)
+        assert session.owner.reserve(timeout=0) is not None
+        assert session.try_reserve() is None  # the reserve waits
+        wake = session.wake_in()
+        assert wake is not None and 0 < wake <= CLOCK_RECHECK
+        now[0] += 3599.5  # a jump: the reservation is now inside the margin
+        assert session.try_reserve() == b"DEADLINE_SOON\r\n"
+        session.owner.delete(job_id)
+        session.close()

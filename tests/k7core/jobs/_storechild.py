@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import k7core
-import k7core.jobs._store as store_module
+import k7core.jobs._files as files_module
 from k7core._storage import write_file_atomic
 from k7core.jobs import JobStore
 
@@ -92,7 +92,7 @@ def install_hook(hook: str, k: int) -> None:
 
             real_write(path, cut(), *args)
 
-        store_module.write_file_atomic = write  # type: ignore[attr-defined, assignment]
+        files_module.write_file_atomic = write  # type: ignore[attr-defined, assignment]
     elif hook in ("trim-before", "trim-after"):
         real_trim = k7core.Queue.delete_before
 

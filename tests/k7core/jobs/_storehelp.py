@@ -8,7 +8,7 @@ from typing import Any
 
 import k7core
 from k7core.jobs import JobStore
-from k7core.jobs._store import JOURNAL
+from k7core.jobs._files import JOURNAL
 
 
 def journal_end(path: Path) -> int:

@@ -6,6 +6,7 @@ import struct
 
 import pytest
 
+from k7core import crc32c
 from k7core.jobs import CorruptJobDataError, JobState
 from k7core.jobs._codec import (
     MAGIC,
@@ -310,3 +311,26 @@ def test_counters_past_u32_are_saved_as_the_max() -> None:
     m._jobs[1].kicks = 2**40
     loaded = load_snapshot(dump_snapshot(m))
     assert loaded.peek(1).kicks == 2**32 - 1  # type: ignore[union-attr]
+
+
+def _resealed(data: bytes | bytearray) -> bytes:
+    """``data`` with its CRC32C trailer computed again (a snapshot crafted to pass it)."""
+    body = bytes(data[:-4])
+    return body + struct.pack("<I", crc32c(body))
+
+
+def test_two_rows_with_one_id_are_a_corrupt_snapshot() -> None:
+    """A snapshot whose rows hold two jobs with one id is refused, not loaded with one of
+    them missing (its CRC32C checks out: written that way)."""
+    m = JobMachine()
+    for job_id in (1, 2, 3):
+        plan = m.check_put("t", b"body %d" % job_id, 1, 0, 1, None, (), NOW)
+        assert not isinstance(plan, int)
+        m.apply_put(job_id, plan)
+    data = bytearray(b"".join(dump_snapshot(m, 500)))
+    rows = 24 + 2 + 8  # the header, tube "t", the job count: the rows, in id order
+    assert struct.unpack_from("<QQ", data, rows - 8) == (3, 1)
+    struct.pack_into("<Q", data, rows + 69, 1)  # the second row says it is job 1 too
+    with pytest.raises(CorruptJobDataError, match="two jobs with id 1"):
+        load_snapshot(_resealed(data))
+    assert len(load_snapshot(_resealed(b"".join(dump_snapshot(m, 500))))) == 3

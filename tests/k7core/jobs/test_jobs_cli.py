@@ -218,6 +218,31 @@ def test_kick_kick_job_and_delete(store: tuple[Path, dict[str, int]]) -> None:
         assert bad is not None and bad.kicks == 1 and late is not None and late.kicks == 1
 
 
+def test_repair_a_damaged_journal(tmp_path: Path) -> None:
+    """A damaged frame with valid ones after it: the writing commands refuse the store
+    (naming the damage and the repair), `repair` opens it and says what it did."""
+    d = tmp_path / "jobs"
+    with JobStore(d) as s:
+        ids = [s.put(b"job %d" % i) for i in range(10)]
+    (seg,) = (d / "journal").glob("seg-*.k7")
+    with seg.open("r+b") as f:
+        f.seek(ids[4] - 1 + 12)  # a byte of job ids[4]'s body
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x20]))
+    assert f"`k7 jobs repair {d}`" in failed(k7("jobs", "stats", d))
+    err = failed(k7("jobs", "kick", d, "default", "1"))
+    assert f"JournalDamagedError: the journal of job store {d} has a damaged frame at " \
+           f"offset {ids[4] - 1}" in err and "k7 jobs repair" in err
+    lines = ok(k7("jobs", "repair", d)).splitlines()
+    assert lines[0].startswith("torn-tail-cut: ") and "saved to k7py-torn-" in lines[0]
+    assert lines[1].startswith("journal-padded: ") and lines[2].startswith("4 live job(s)")
+    assert ok(k7("jobs", "repair", d)) == "4 live job(s); the next job id is past every id " \
+                                           "handed out\n"
+    with JobStore(d) as s:
+        assert len(s) == 4 and s.put(b"new") > ids[-1]
+
+
 # ---------------------------------------------------------------------------------- live
 
 
@@ -309,7 +334,8 @@ def test_a_read_tries_again_when_a_file_vanished(
 
 
 COMMANDS = [["stats", "{}"], ["peek", "{}", "1"], ["errors", "{}", "emails"],
-            ["kick", "{}", "emails", "1"], ["kick-job", "{}", "1"], ["delete", "{}", "1"]]
+            ["kick", "{}", "emails", "1"], ["kick-job", "{}", "1"], ["delete", "{}", "1"],
+            ["repair", "{}"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
@@ -352,5 +378,5 @@ def test_bad_arguments_exit_2(store: tuple[Path, dict[str, int]]) -> None:
 def test_help_lists_the_jobs_commands() -> None:
     assert "jobs" in ok(k7("--help"))
     text = ok(k7("jobs", "--help"))
-    for name in ("stats", "peek", "errors", "kick", "kick-job", "delete"):
+    for name in ("stats", "peek", "errors", "kick", "kick-job", "delete", "repair"):
         assert f"  {name} " in text, name

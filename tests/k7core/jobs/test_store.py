@@ -33,7 +33,8 @@ from k7core.jobs import (
     JobState,
     JobStore,
 )
-from k7core.jobs._store import JOURNAL, JOURNAL_SEGMENT, list_snapshots
+from k7core.jobs._files import JOURNAL, list_snapshots
+from k7core.jobs._store import JOURNAL_SEGMENT
 from tests._queuehelp import (
     check_listed,
     close_cases,
@@ -291,6 +292,7 @@ STAY_READABLE: dict[str, dict[str, str]] = {
         "fsync": "an option the store was opened with: plain data",
         "snapshot_error": "the last background snapshot's failure: plain data",
         "skipped_snapshots": "what open found: plain data",
+        "recovery_events": "what open did: plain data",
         "remove_ready_listener": "undoing a registration: a server stopping after the store",
         "unref_tube": "a no-op once closed: a server's connections end after the store",
     },
@@ -457,7 +459,7 @@ class Reserver:
     (or raised) and when (``time.monotonic()``)."""
 
     def __init__(self, store: JobStore, owner: JobOwner, tubes: tuple[str, ...] = ("default",),
-                 timeout: float = DEADLINE) -> None:
+                 timeout: float | None = DEADLINE) -> None:
         self.store = store
         self.result: Job | BaseException | None = None
         self.returned_at = math.inf
@@ -466,7 +468,7 @@ class Reserver:
         self.thread = threading.Thread(target=self._run, args=(owner, tubes, timeout))
         self.thread.start()
 
-    def _run(self, owner: JobOwner, tubes: tuple[str, ...], timeout: float) -> None:
+    def _run(self, owner: JobOwner, tubes: tuple[str, ...], timeout: float | None) -> None:
         try:
             self.result = owner.reserve(tubes, timeout=timeout)
         except BaseException as exc:
@@ -629,6 +631,39 @@ def test_the_timer_applies_deadlines_with_nobody_calling_in(store: JobStore) -> 
         wait_until(lambda: state(reserved) is JobState.READY, 10, "the ttr to run out")
         assert store.peek(reserved).timeouts == 1  # type: ignore[union-attr]
         assert me.reserved() == []
+
+
+class JumpClock:
+    """A wall clock a test moves by hand (a clock step: NTP, a suspended machine);
+    counts the reads of the store's timer thread."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+        self.timer_reads = 0
+
+    def __call__(self) -> float:
+        if threading.current_thread().name.startswith("k7-jobs-timer-"):
+            self.timer_reads += 1
+        return self.now
+
+
+def test_a_clock_jump_wakes_a_reserve_waiting_for_a_delay(tmp_path: Path) -> None:
+    """The timer sleeps for a distance read on the clock; when the clock then jumps past a
+    delayed job's deadline, the waiting reserve gets the job without waiting out that
+    distance (an hour here), and with no timeout of its own to fall back on."""
+    clock = JumpClock()
+    with JobStore(tmp_path / "store", clock=clock) as store, store.owner() as waiter:
+        wait_until(lambda: clock.timer_reads >= 1, DEADLINE, "the timer to start")
+        store.peek(0)  # the lock: the timer sleeps (no deadline yet)
+        reads = clock.timer_reads
+        job_id = store.put(b"in an hour", delay=3600)
+        r = Reserver(store, waiter, timeout=None)
+        r.wait_asleep()
+        # the timer woke for the put, read the clock (advance, then the wait) and sleeps
+        wait_until(lambda: clock.timer_reads >= reads + 2, DEADLINE, "the timer to rearm")
+        store.peek(0)
+        clock.now += 3601
+        assert r.job().id == job_id
 
 
 # ---------------------------------------------------------------------- threads

@@ -9,7 +9,8 @@ import pytest
 
 import k7core
 from k7core.jobs import JobStore
-from k7core.jobs._store import JOURNAL, JOURNAL_SEGMENT
+from k7core.jobs._files import JOURNAL
+from k7core.jobs._store import JOURNAL_SEGMENT
 from tests.k7core.jobs._storehelp import churn, journal_end
 
 ZERO = {"ready": 0, "delayed": 0, "reserved": 0, "buried": 0, "waiting": 0, "done": 0}

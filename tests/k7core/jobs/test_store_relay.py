@@ -18,7 +18,8 @@ import pytest
 
 import k7core
 from k7core.jobs import InvalidJobError, JobStore
-from k7core.jobs._store import JOURNAL, JOURNAL_SEGMENT, snapshot_name
+from k7core.jobs._files import JOURNAL, snapshot_name
+from k7core.jobs._store import JOURNAL_SEGMENT
 from tests._childproc import Child
 from tests.k7core.jobs import _relaychild as relay
 from tests.k7core.jobs._storehelp import churn, everything, journal_end

@@ -24,6 +24,9 @@ a remembered key, delete). Into a beanstalkd server (beanstalkd itself or ``k7 s
 from types import FunctionType
 
 from ._beanstalk import BeanstalkRelay as BeanstalkRelay
+from ._errors import OutboxError as OutboxError
+from ._errors import OutboxRewoundError as OutboxRewoundError
+from ._errors import OutboxTargetError as OutboxTargetError
 from ._open import relay as relay
 from ._outbox import Outbox as Outbox
 from ._postgres import PostgresRelay as PostgresRelay
@@ -31,8 +34,8 @@ from ._relay import Relay as Relay
 from ._sql import DEFAULT_TABLE as DEFAULT_TABLE
 from ._sqlite import SqliteRelay as SqliteRelay
 
-__all__ = ["DEFAULT_TABLE", "BeanstalkRelay", "Outbox", "PostgresRelay", "Relay", "SqliteRelay",
-           "relay"]
+__all__ = ["DEFAULT_TABLE", "BeanstalkRelay", "Outbox", "OutboxError", "OutboxRewoundError",
+           "OutboxTargetError", "PostgresRelay", "Relay", "SqliteRelay", "relay"]
 
 # Public classes and functions report this package as their module (as k7core's do).
 for _value in [globals()[name] for name in __all__]:

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import MissingExtraError
 from ..jobs._store import JobStore
-from ._relay import StoreRelay, put_row
-from ._sql import DEFAULT_TABLE, Postgres, key_prefix, row
+from ._guard import Target, check_ids, check_target, store_target
+from ._relay import StoreRelay, put_row, store_lock
+from ._sql import DEFAULT_TABLE, Postgres, key_prefix, row, run_steps
 
 if TYPE_CHECKING:
     import psycopg
@@ -66,8 +67,11 @@ class PostgresRelay(StoreRelay):
     ``<outbox name>:<row id>`` and ``remember=True`` (a row put again after a crash stores
     nothing), delete the rows and record their keys in ``<table>_done``, commit; then the
     store forgets the keys and the done rows go. A relay that starts forgets the keys of
-    rows deleted by one that died before it could. Wakes up on ``LISTEN <table>`` (the
-    table's insert trigger notifies), with a look every second besides.
+    rows deleted by one that died before it could. The last row of a batch moves the store
+    mark ``<outbox name>`` to its id (if higher). A relay refuses (:class:`OutboxError`) an
+    outbox bound to another store, or whose id sequence is below its store's mark (a
+    restored database, a reset sequence). Wakes up on ``LISTEN <table>`` (the table's insert
+    trigger notifies), with a look every second besides.
     """
 
     def __init__(self, dsn: str, store: JobStore, *, table: str = DEFAULT_TABLE,
@@ -78,7 +82,8 @@ class PostgresRelay(StoreRelay):
         self._sql = Postgres(table)
         self._conn: psycopg.Connection[Any] | None = None
         self._listener: psycopg.Connection[Any] | None = None
-        self._prefix = ""
+        self._outbox = f"outbox {table!r}"
+        self._target: Target | None = None
         self._forgotten: dict[str, list[str]] = {}  # done rows to delete at the next batch
 
     def __repr__(self) -> str:
@@ -92,7 +97,9 @@ class PostgresRelay(StoreRelay):
                 conn.commit()
                 if found is None:
                     raise LookupError("no name row")
-                self._prefix = key_prefix(found[0])
+                with conn.transaction():  # an outbox made by an older version
+                    run_steps(conn, self._sql.upgrade_steps())
+                self._outbox = f"outbox {self._sql.table!r} of database {conn.info.dbname!r}"
                 self._forget_done(conn)
             except (self._psycopg.errors.UndefinedTable, LookupError) as exc:
                 conn.close()
@@ -102,6 +109,8 @@ class PostgresRelay(StoreRelay):
                 conn.close()
                 raise
             self._conn = conn
+        if self._target is None:
+            self._target = store_target(self.store)
         return self._conn
 
     def _forget_done(self, conn: psycopg.Connection[Any]) -> None:
@@ -119,36 +128,62 @@ class PostgresRelay(StoreRelay):
     def relay_once(self) -> int:
         with self._lock:
             conn = self._connect()
-            store, sql = self.store, self._sql
-            with conn.transaction():
-                for tube, gone in self._forgotten.items():
-                    conn.execute(sql.undone, (tube, gone))
-                self._forgotten = {}
-                rows = [row(r) for r in conn.execute(sql.claim, (self.batch,))]
-                if not rows:
-                    return 0
-                prefix, now = self._prefix, self._now()
-                keys: dict[str, list[str]] = defaultdict(list)
-                put: list[int] = []
-                skipped: list[int] = []
-                with store.batch():
-                    for r in rows:
-                        key = r.key if r.key is not None else f"{prefix}{r.id}"
-                        if put_row(store, r, key=key, mark=None, remember=True,
-                                   now=now) is None:
-                            self.skipped += 1
-                            skipped.append(r.id)
-                        else:
-                            self.relayed += 1
-                            keys[r.tube].append(key)
-                            put.append(r.id)
-                conn.execute(sql.delete, (put, prefix))
-                if skipped:  # nothing remembered (a bad tube or key would fail forget)
-                    conn.execute(sql.drop, (skipped,))
-            for tube, tube_keys in keys.items():  # committed: the rows are gone for good
-                store.forget(tube, tube_keys)
-            self._forgotten = dict(keys)
-            return len(rows)
+            n = self._batch(conn)
+            if n is None:  # rows wait and no relay bound the outbox yet: this one does
+                with conn.transaction():
+                    conn.execute(self._sql.bind, self._target)
+                n = self._batch(conn)
+            return n or 0
+
+    def _batch(self, conn: psycopg.Connection[Any]) -> int | None:
+        """One batch; None (nothing done) when rows wait and the outbox is not bound."""
+        store, sql, target = self.store, self._sql, self._target
+        assert target is not None
+        with conn.transaction():
+            for tube, gone in self._forgotten.items():
+                conn.execute(sql.undone, (tube, gone))
+            self._forgotten = {}
+            name, bound_to, where = conn.execute(sql.meta).fetchone() or (None, None, None)
+            (highest,) = conn.execute(sql.seq).fetchone() or (0,)
+            if name is None:
+                raise FileNotFoundError(f"{self._outbox} has no name row; create it with "
+                                        "Outbox.create")
+            if bound_to is not None:
+                check_target(self._outbox, (bound_to, where), target, lambda: (None, None))
+            check_ids(self._outbox, relayed=store.mark(name) or 0, highest=highest)
+            rows = [row(r) for r in conn.execute(sql.claim, (self.batch,))]
+            if not rows:
+                return 0
+            if bound_to is None:
+                return None
+            prefix, now = key_prefix(name), self._now()
+            keys: dict[str, list[str]] = defaultdict(list)
+            put: list[int] = []
+            skipped: list[int] = []
+            with store.batch():
+                for i, r in enumerate(rows, 1 - len(rows)):  # i == 0: the last row
+                    key = r.key if r.key is not None else f"{prefix}{r.id}"
+                    if i:
+                        job = put_row(store, r, key=key, mark=None, remember=True, now=now)
+                    else:  # the batch's highest id marks the store (if above its mark)
+                        with store_lock(store, f"mark {name}"):
+                            mark = (name, r.id) if r.id > (store.mark(name) or 0) else None
+                            job = put_row(store, r, key=key, mark=mark, remember=True,
+                                          now=now)
+                    if job is None:
+                        self.skipped += 1
+                        skipped.append(r.id)
+                    else:
+                        self.relayed += 1
+                        keys[r.tube].append(key)
+                        put.append(r.id)
+            conn.execute(sql.delete, (put, prefix))
+            if skipped:  # nothing remembered (a bad tube or key would fail forget)
+                conn.execute(sql.drop, (skipped,))
+        for tube, tube_keys in keys.items():  # committed: the rows are gone for good
+            store.forget(tube, tube_keys)
+        self._forgotten = dict(keys)
+        return len(rows)
 
     def _arm(self) -> None:
         if self._listener is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from abc import abstractmethod
 from typing import Self
 
@@ -32,6 +33,18 @@ def sqlite_path(source: str) -> str:
     """The SQLite file ``source`` names (a path, ``sqlite:PATH`` or ``sqlite:///PATH``)."""
     path = source.removeprefix(SQLITE_SCHEME)
     return path[2:] if path.startswith("//") else path
+
+
+_store_locks: weakref.WeakKeyDictionary[JobStore, dict[str, threading.Lock]] = (
+    weakref.WeakKeyDictionary())
+_store_locks_lock = threading.Lock()
+
+
+def store_lock(store: JobStore, key: str) -> threading.Lock:
+    """The lock named ``key`` of ``store``, shared by every relay into it in this process
+    (a store is open in one process only): a store mark read, then moved, under it."""
+    with _store_locks_lock:
+        return _store_locks.setdefault(store, {}).setdefault(key, threading.Lock())
 
 
 RETRY_CAP = 30.0

@@ -22,11 +22,12 @@ import pytest
 
 import k7async
 from k7core.beanstalk import Client, TubeNotFoundError
-from k7core.outbox import BeanstalkRelay, relay
+from k7core.jobs import JobStore
+from k7core.outbox import BeanstalkRelay, Outbox, OutboxTargetError, relay
 from tests._childproc import Child
 from tests._queuehelp import K7
 from tests.k7async.server._servers import SERVERS, ServerProcess, address, served
-from tests.k7core.outbox._outboxhelp import TUBE, App, counted, relay_all, setup
+from tests.k7core.outbox._outboxhelp import TUBE, App, counted, payloads, relay_all, setup
 
 CHILD = "tests.k7core.outbox._outboxchild"
 
@@ -224,6 +225,34 @@ def test_a_relay_task_relays_each_commit_as_it_comes(app: App, server: ServerPro
         return got
 
     assert anyio.run(main) == [{"n": n} for n in range(3)]
+
+
+def test_an_outbox_feeds_one_server_or_store(app: App, server: ServerProcess,
+                                            store: JobStore) -> None:
+    """A store relay of an outbox a BeanstalkRelay feeds is refused, and the other way
+    round after a reset; nothing is relayed twice."""
+    box = setup(app)
+    box.put(app.conn, TUBE, {"n": 0})
+    app.commit()
+    with closing(BeanstalkRelay(app.where, address(server))) as r:
+        assert relay_all(r) == 1
+    box.put(app.conn, TUBE, {"n": 1})
+    app.commit()
+    with closing(app.relay(store)) as r, pytest.raises(
+            OutboxTargetError, match="feeds the beanstalkd server"):
+        r.relay_once()
+    assert len(store) == 0
+    Outbox().reset(app.conn)
+    app.commit()
+    with closing(app.relay(store)) as r:
+        assert relay_all(r) == 1
+    box.put(app.conn, TUBE, {"n": 2})
+    app.commit()
+    with closing(BeanstalkRelay(app.where, address(server))) as r, pytest.raises(
+            OutboxTargetError, match="feeds the job store"):
+        r.relay_once()
+    assert take(server, None, timeout=0) == [{"n": 0}]
+    assert payloads(store) == [{"n": 1}] and app.count() == 1
 
 
 def test_a_missing_outbox_is_a_clear_error(app: App, server: ServerProcess) -> None:

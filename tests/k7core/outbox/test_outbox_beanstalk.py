@@ -34,6 +34,11 @@ CHILD = "tests.k7core.outbox._outboxchild"
 
 server = pytest.fixture(params=SERVERS)(served)
 
+DELAY = 600
+"""The delay of the kill tests' delayed rows: long enough that it has not run out when
+their job goes live, however slow a busy machine is (1 s had, and the relay kicked the job
+instead of the reserve-job the test kills at)."""
+
 
 def take(server: ServerProcess, n: int | None, timeout: int = 10) -> list[Any]:
     """The payloads of the next ``n`` jobs of TUBE (waiting up to ``timeout`` s for
@@ -53,13 +58,13 @@ def take(server: ServerProcess, n: int | None, timeout: int = 10) -> list[Any]:
 
 
 def take_delayed(server: ServerProcess) -> list[Any]:
-    """The payloads of the delayed jobs of TUBE, each checked to be delayed 1 s at most
-    (not parked), and deleted."""
+    """The payloads of the delayed jobs of TUBE, each checked to be delayed :data:`DELAY`
+    at most (not parked), and deleted."""
     out = []
     with Client(address(server), timeout=10) as c:
         c.use(TUBE)
         while (job := c.peek_delayed()) is not None:
-            assert int(c.stats_job(job.id)["delay"]) <= 1, "a parked job"
+            assert int(c.stats_job(job.id)["delay"]) <= DELAY, "a parked job"
             out.append(json.loads(job.body))
             c.delete(job.id)
     return out
@@ -148,7 +153,7 @@ def test_one_relay_of_an_outbox_moves_rows_at_a_time(app: App, server: ServerPro
     assert take(server, 2, timeout=0) == [{"n": 1}, {"n": 2}]
 
 
-ROWS = [{"n": n, "delay": 1 if n in (2, 5) else 0} for n in range(7)]
+ROWS = [{"n": n, "delay": DELAY if n in (2, 5) else 0} for n in range(7)]
 KILLS = [  # the children's deaths, one after the other, before a last relay drains
     ["put-after:1"],  # the probe put: a parked job in the probe tube, no intent yet
     ["put-after:3"],  # the second row's job put, its id not recorded

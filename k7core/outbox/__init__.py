@@ -17,8 +17,10 @@ or a beanstalkd server exactly once, even when it is killed at any point.
 SQLite: ``SqliteRelay`` (the relay's position is a store mark, journaled with each put).
 PostgreSQL (psycopg 3, ``pip install 'k7py[postgres]'``): ``PostgresRelay`` (claim, put with
 a remembered key, delete). Into a beanstalkd server (beanstalkd itself or ``k7 serve``):
-``BeanstalkRelay`` (jobs put parked, made live once their ids are recorded).
-``docs/outbox.md`` has the details.
+``BeanstalkRelay`` (jobs put parked, made live once their ids are recorded). An outbox
+feeds one store or server (the first relay binds it), and a relay refuses ids that went
+back below what its store holds (``OutboxError``; ``Outbox.reset`` or ``k7 outbox reset``
+once you know why). ``docs/outbox.md`` has the details.
 """
 
 from types import FunctionType

@@ -100,7 +100,7 @@ def status_command(source: str, table: str) -> None:
     yet to forget), and the store or server it feeds."""
     if is_postgres(source):
         pg = Postgres(table)
-        with driver().connect(source) as conn:
+        with _postgres(source, table) as conn:
             (waiting,) = conn.execute(pg.count).fetchone()
             (done,) = conn.execute(pg.count_done).fetchone()
             target = _target(conn, pg.target, driver().Error)
@@ -131,11 +131,27 @@ def _sqlite(source: str, table: str, *, readonly: bool) -> sqlite3.Connection:
     if not path.exists():
         raise click.ClickException(f"{path}: no such file")
     conn = sqlite3.connect(f"file:{path}?mode=ro" if readonly else path, uri=readonly)
+    _check(conn, Sqlite(table), sqlite3.Error, f"{path} has")
+    return conn
+
+
+def _check(conn: Any, sql: Sqlite | Postgres, error: type[Exception], where: str) -> None:
+    """Read the outbox's name on ``conn`` (closed, and a clear error, if it cannot)."""
     try:
-        conn.execute(Sqlite(table).name).fetchone()
-    except sqlite3.OperationalError as exc:
+        conn.execute(sql.name).fetchone()
+    except error as exc:
         conn.close()
-        raise click.ClickException(f"{path}: no outbox {table!r} ({exc})") from exc
+        raise click.ClickException(f"{where} no outbox {sql.table!r} ({exc})") from exc
+
+
+def _postgres(source: str, table: str) -> Any:
+    """A connection to the PostgreSQL outbox of ``source`` (its table checked)."""
+    psycopg = driver()
+    try:
+        conn = psycopg.connect(source)
+    except psycopg.Error as exc:
+        raise click.ClickException(f"cannot connect to the database: {exc}") from exc
+    _check(conn, Postgres(table), psycopg.Error, "the database has")
     return conn
 
 
@@ -151,7 +167,7 @@ def reset_command(source: str, table: str, skip_upto: int | None) -> None:
     relays stopped)."""
     box = Outbox(table)
     if is_postgres(source):
-        with driver().connect(source) as conn:
+        with _postgres(source, table) as conn:
             box.reset(conn, skip_upto=skip_upto)
             (left,) = conn.execute(Postgres(table).count).fetchone()
     else:

@@ -72,9 +72,15 @@ class Outbox:
         the table; those with ids at or below ``skip_upto`` are deleted first (relayed
         before, say, by a restored backup's rows). ``k7 outbox reset`` runs it. A
         transaction as :meth:`create`'s."""
-        if skip_upto is not None and (not isinstance(skip_upto, int) or skip_upto < 0):
-            raise ValueError(f"skip_upto is a row id (an int >= 0), not {skip_upto!r}")
+        _check_skip(skip_upto)
         self._run(conn, "reset", lambda sql: sql.reset_steps(skip_upto))
+
+    async def areset(self, conn: psycopg.AsyncConnection[Any], *,
+                     skip_upto: int | None = None) -> None:
+        """:meth:`reset` on a psycopg ``AsyncConnection``."""
+        _check_skip(skip_upto)
+        async with conn.transaction():
+            await arun_steps(conn, self._postgres.reset_steps(skip_upto))
 
     def _run(self, conn: sqlite3.Connection | psycopg.Connection[Any], what: str,
              steps: Callable[[Sqlite | Postgres], Steps]) -> None:
@@ -141,3 +147,9 @@ class Outbox:
             check_group(group)
         return (tube, body, check_priority(priority), check_seconds(delay, "delay"),
                 check_seconds(ttr, "ttr"), key, deps_text(depends_on), time.time(), group)
+
+
+def _check_skip(skip_upto: int | None) -> None:
+    if skip_upto is not None and (not isinstance(skip_upto, int) or isinstance(skip_upto, bool)
+                                  or skip_upto < 0):
+        raise ValueError(f"skip_upto is a row id (an int >= 0), not {skip_upto!r}")

@@ -67,11 +67,14 @@ class PostgresRelay(StoreRelay):
     ``<outbox name>:<row id>`` and ``remember=True`` (a row put again after a crash stores
     nothing), delete the rows and record their keys in ``<table>_done``, commit; then the
     store forgets the keys and the done rows go. A relay that starts forgets the keys of
-    rows deleted by one that died before it could. The last row of a batch moves the store
-    mark ``<outbox name>`` to its id (if higher). A relay refuses (:class:`OutboxError`) an
-    outbox bound to another store, or whose id sequence is below its store's mark (a
-    restored database, a reset sequence). Wakes up on ``LISTEN <table>`` (the table's insert
-    trigger notifies), with a look every second besides.
+    rows deleted by one that died before it could. Relays take rows up to the id recorded
+    in ``<table>_meta`` (``upto``), moved to the sequence's highest in a transaction of its
+    own before they are put; the last row of a batch moves the store mark ``<outbox name>``
+    to its id (if higher). A relay refuses (:class:`OutboxError`) an outbox bound to
+    another store, or whose ids went back below its store's mark (``upto`` below it: a
+    restored database; the sequence below it: a reset sequence, a table made by hand).
+    Wakes up on ``LISTEN <table>`` (the table's insert trigger notifies), with a look every
+    second besides.
     """
 
     def __init__(self, dsn: str, store: JobStore, *, table: str = DEFAULT_TABLE,
@@ -128,34 +131,44 @@ class PostgresRelay(StoreRelay):
     def relay_once(self) -> int:
         with self._lock:
             conn = self._connect()
-            n = self._batch(conn)
-            if n is None:  # rows wait and no relay bound the outbox yet: this one does
-                with conn.transaction():
-                    conn.execute(self._sql.bind, self._target)
-                n = self._batch(conn)
-            return n or 0
+            n, behind = self._batch(conn)
+            if behind and n < self.batch:  # rows may wait above what relays may take
+                self._take(conn)
+                n += self._batch(conn)[0]
+            return n
 
-    def _batch(self, conn: psycopg.Connection[Any]) -> int | None:
-        """One batch; None (nothing done) when rows wait and the outbox is not bound."""
+    def _take(self, conn: psycopg.Connection[Any]) -> None:
+        """Bind the outbox to this relay's store if no relay did, and record the sequence's
+        highest id as what relays may take, in a transaction that commits before any of
+        those rows is put: a database restored from an older copy is then told by its
+        ``upto`` below the store's mark."""
+        with conn.transaction():
+            conn.execute(self._sql.bind, self._target)
+            conn.execute(self._sql.take)
+
+    def _batch(self, conn: psycopg.Connection[Any]) -> tuple[int, bool]:
+        """One batch of the rows relays may take; how many, and whether rows may wait
+        beyond them (or the outbox is not bound yet)."""
         store, sql, target = self.store, self._sql, self._target
         assert target is not None
         with conn.transaction():
             for tube, gone in self._forgotten.items():
                 conn.execute(sql.undone, (tube, gone))
             self._forgotten = {}
-            name, bound_to, where = conn.execute(sql.meta).fetchone() or (None, None, None)
+            name, bound_to, where, upto = conn.execute(sql.meta).fetchone() or (
+                None, None, None, 0)
             (highest,) = conn.execute(sql.seq).fetchone() or (0,)
             if name is None:
                 raise FileNotFoundError(f"{self._outbox} has no name row; create it with "
                                         "Outbox.create")
-            if bound_to is not None:
-                check_target(self._outbox, (bound_to, where), target, lambda: (None, None))
-            check_ids(self._outbox, relayed=store.mark(name) or 0, highest=highest)
-            rows = [row(r) for r in conn.execute(sql.claim, (self.batch,))]
+            check_ids(self._outbox, relayed=store.mark(name) or 0, highest=highest,
+                      taken=upto if upto >= 0 else None)  # -1: not known
+            if bound_to is None:  # the first relay that finds rows binds the outbox
+                return 0, conn.execute(sql.any_row).fetchone() is not None
+            check_target(self._outbox, (bound_to, where), target, lambda: (None, None))
+            rows = [row(r) for r in conn.execute(sql.claim, (upto, self.batch))]
             if not rows:
-                return 0
-            if bound_to is None:
-                return None
+                return 0, highest > upto
             prefix, now = key_prefix(name), self._now()
             keys: dict[str, list[str]] = defaultdict(list)
             put: list[int] = []
@@ -183,7 +196,7 @@ class PostgresRelay(StoreRelay):
         for tube, tube_keys in keys.items():  # committed: the rows are gone for good
             store.forget(tube, tube_keys)
         self._forgotten = dict(keys)
-        return len(rows)
+        return len(rows), highest > upto
 
     def _arm(self) -> None:
         if self._listener is None:

@@ -16,6 +16,7 @@ from .._errors import K7Error
 from .._resource import Resource
 from ..jobs._errors import DependencyError, InvalidJobError
 from ..jobs._store import JobStore
+from ._errors import OutboxError
 from ._sql import Row, deps_of
 
 log = logging.getLogger("k7core.outbox")
@@ -90,7 +91,9 @@ class Relay(Resource):
     ``relay_once()`` relays up to ``batch`` rows in the caller's thread; ``start()`` (or
     ``with``) runs a thread that relays until :meth:`close`, waking when rows are committed.
     A failure of the database or the server is logged and retried (after 0.1 s, doubling up
-    to 30 s, with new connections); the thread ends when a job store it puts into is closed.
+    to 30 s, with new connections); so is a refusal (:class:`OutboxError`, logged without a
+    traceback: its message says it all), which a reset ends. The thread ends when a job
+    store it puts into is closed.
     ``relayed`` counts the jobs put, ``skipped`` the rows refused (logged), ``error`` is the
     last failure.
     """
@@ -161,7 +164,7 @@ class Relay(Resource):
                 self.error = exc
                 pause = min(RETRY_CAP, max(0.1, pause * 2))
                 log.error("outbox relay %s failed (retrying in %.1f s): %s", self, pause, exc,
-                          exc_info=exc)
+                          exc_info=None if isinstance(exc, OutboxError) else exc)
                 with self._lock:
                     self._disconnect()
                 stop.wait(pause)

@@ -8,8 +8,8 @@ An outbox named ``t`` is three tables:
 - ``t_meta``: one row: the outbox's name in job stores (``outbox-`` and 16 random hex
   digits, made anew with the table ``t`` and by a reset): the relays' mark, the prefix of
   the PostgreSQL relay's keys; the store or server the outbox feeds (``target``, bound by
-  the first relay, ``target_where`` saying where it is); SQLite: ``upto``, the highest row
-  id a relay has taken, written before it puts them (0: none yet; -1: not known, the
+  the first relay, ``target_where`` saying where it is); ``upto``, the highest row id
+  relays may take, recorded before they put them (0: none yet; -1: not known, the
   table was made by a version that did not record it);
 - ``t_done`` (PostgreSQL): the keys of rows deleted by a relay that the store may still
   remember, until the relay has forgotten them.
@@ -244,7 +244,8 @@ class Postgres(Tables):
             # snapshot misses another's row: the unique column makes that a serialization
             # failure (retry it), not a second name (relays would disagree on keys).
             f"CREATE TABLE IF NOT EXISTS {t}_meta (name TEXT NOT NULL, "
-            "one BOOLEAN NOT NULL DEFAULT TRUE UNIQUE CHECK (one))",
+            "one BOOLEAN NOT NULL DEFAULT TRUE UNIQUE CHECK (one), target TEXT, "
+            "target_where TEXT, upto BIGINT NOT NULL DEFAULT 0)",
             f"INSERT INTO {t}_meta (name) SELECT {self.new_name} "
             f"WHERE NOT EXISTS (SELECT 1 FROM {t}_meta) ON CONFLICT DO NOTHING",
             f"CREATE TABLE IF NOT EXISTS {t}_done (tube TEXT NOT NULL, key TEXT NOT NULL)",
@@ -258,20 +259,23 @@ class Postgres(Tables):
                        "RETURNING id")
         self.meta_columns = (f"SELECT attname FROM pg_attribute WHERE attrelid = "
                              f"to_regclass('{t}_meta') AND attnum > 0 AND NOT attisdropped")
-        self.add_columns = {c: f"ALTER TABLE {t}_meta ADD COLUMN {c} TEXT"
-                            for c in ("target", "target_where")}
+        self.add_columns = {c: f"ALTER TABLE {t}_meta ADD COLUMN {c} {kind}"
+                            for c, kind in [("target", "TEXT"), ("target_where", "TEXT"),
+                                            ("upto", "BIGINT NOT NULL DEFAULT -1")]}
         self.name = f"SELECT name FROM {t}_meta"
-        self.meta = f"SELECT name, target, target_where FROM {t}_meta"
+        self.meta = f"SELECT name, target, target_where, upto FROM {t}_meta"
         self.bind = f"UPDATE {t}_meta SET target = %s, target_where = %s WHERE target IS NULL"
         self.target = f"SELECT target, target_where FROM {t}_meta"
         # the highest id the sequence gave (nextval not yet called: none)
         self.seq = (f"SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END "
                     f"FROM {t}_id_seq")
+        self.take = f"UPDATE {t}_meta SET upto = greatest(upto, ({self.seq}))"
+        self.any_row = f"SELECT 1 FROM {t} LIMIT 1"
         self.renew = (f"UPDATE {t}_meta SET name = {self.new_name}, target = NULL, "
-                      "target_where = NULL")
+                      "target_where = NULL, upto = 0")
         self.skip_upto = f"DELETE FROM {t} WHERE id <= %s"
         self.clear_sent = f"DELETE FROM {t}_sent"
-        self.claim = (f"SELECT {COLUMNS} FROM {t} ORDER BY id LIMIT %s "
+        self.claim = (f"SELECT {COLUMNS} FROM {t} WHERE id <= %s ORDER BY id LIMIT %s "
                       "FOR UPDATE SKIP LOCKED")
         self.delete = (f"WITH d AS (DELETE FROM {t} WHERE id = ANY(%s) RETURNING tube, "
                        f"coalesce(key, %s || id::text) AS key) "

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import signal
 import sqlite3
+import threading
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
 from k7core.jobs import JobStore
-from k7core.outbox import Outbox, OutboxRewoundError, OutboxTargetError, SqliteRelay
+from k7core.outbox import Outbox, OutboxRewoundError, OutboxTargetError, Relay, SqliteRelay
 from tests._childproc import Child
 from tests._queuehelp import k7
 from tests.k7core.outbox._outboxhelp import TUBE, App, payloads, relay_all, setup
@@ -61,6 +64,50 @@ def test_sqlite_a_database_restored_from_a_backup_is_refused(db_path: Path, stor
         relay_all(relay)
     assert payloads(store) == list(range(1000, 1100))
     assert app.count() == 0
+    app.close()
+
+
+def test_pg_a_database_restored_from_a_backup_is_refused(dsn: str, pg_server: Any,
+                                                        store: JobStore) -> None:
+    """As the SQLite test: the backup is a copy of the database (CREATE DATABASE ...
+    TEMPLATE), restored by dropping the database and copying the backup back."""
+    name = str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+    admin_dsn = str(pg_server.get_uri())
+
+    def copy(source: str, target: str, drop: bool) -> None:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            if drop:
+                admin.execute(f"DROP DATABASE {target} WITH (FORCE)")
+            admin.execute(f"CREATE DATABASE {target} TEMPLATE {source}")
+
+    app = App("pg", dsn)
+    box = setup(app)
+    put_range(app, box, range(50))
+    app.close()
+    copy(name, f"{name}_backup", drop=False)
+    app = App("pg", dsn)
+    put_range(app, box, range(50, 100))
+    with closing(app.relay(store)) as relay:
+        assert relay_all(relay) == 100
+    assert payloads(store) == list(range(100))
+    app.close()
+    try:
+        copy(f"{name}_backup", name, drop=True)  # the restore
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {name}_backup WITH (FORCE)")
+    app = App("pg", dsn)
+    put_range(app, box, range(1000, 1100))
+    assert app.count() == 150
+    with closing(app.relay(store)) as relay:
+        with pytest.raises(OutboxRewoundError, match=r"(?s)up to id 100.*k7 outbox reset"):
+            relay.relay_once()
+        assert app.count() == 150 and payloads(store) == []
+    box.reset(app.conn, skip_upto=50)
+    app.commit()
+    with closing(app.relay(store)) as relay:
+        relay_all(relay)
+    assert payloads(store) == list(range(1000, 1100))
     app.close()
 
 
@@ -177,4 +224,96 @@ def test_the_command_line_refuses_a_second_store_and_resets(db_path: Path,
     with JobStore(tmp_path / "second") as store, closing(SqliteRelay(db_path, store)) as relay:
         relay_all(relay)
         assert payloads(store) == [3, 4]
+    app.close()
+
+
+def test_two_relays_into_two_stores_at_once_bind_one(app: App, tmp_path: Path) -> None:
+    """Two relays into two stores start at the same moment: one binds the outbox and
+    relays every row, the other is refused; no row is in both stores."""
+    box = setup(app)
+    put_range(app, box, range(300))
+    with JobStore(tmp_path / "a") as a, JobStore(tmp_path / "b") as b:
+        relays = [app.relay(a, batch=7), app.relay(b, batch=7)]
+        start = threading.Barrier(2)
+        refused: list[BaseException] = []
+
+        def run(relay: Relay) -> None:
+            start.wait()
+            try:
+                relay_all(relay)
+            except OutboxTargetError as exc:
+                refused.append(exc)
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in relays]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in relays:
+            r.close()
+        assert len(refused) == 1, refused
+        got = [payloads(a), payloads(b)]
+    assert sorted(got, key=len) == [[], list(range(300))]
+    assert app.count() == 0
+
+
+OLD_SQLITE = [  # the tables as the version before the binding made them
+    "CREATE TABLE k7_outbox (id INTEGER PRIMARY KEY AUTOINCREMENT, tube TEXT NOT NULL, "
+    "body BLOB NOT NULL, priority INTEGER NOT NULL, delay REAL NOT NULL, ttr REAL NOT NULL, "
+    "key TEXT, depends_on TEXT, created_at REAL NOT NULL, job_group TEXT)",
+    "CREATE TABLE k7_outbox_meta (name TEXT NOT NULL)",
+    "INSERT INTO k7_outbox_meta VALUES ('outbox-0123456789abcdef')",
+]
+OLD_PG = [
+    "CREATE TABLE k7_outbox (id BIGSERIAL PRIMARY KEY, tube TEXT NOT NULL, "
+    "body BYTEA NOT NULL, priority BIGINT NOT NULL, delay DOUBLE PRECISION NOT NULL, "
+    "ttr DOUBLE PRECISION NOT NULL, key TEXT, depends_on TEXT, "
+    "created_at DOUBLE PRECISION NOT NULL, job_group TEXT)",
+    "CREATE TABLE k7_outbox_meta (name TEXT NOT NULL, "
+    "one BOOLEAN NOT NULL DEFAULT TRUE UNIQUE CHECK (one))",
+    "INSERT INTO k7_outbox_meta (name) VALUES ('outbox-0123456789abcdef')",
+    "CREATE TABLE k7_outbox_done (tube TEXT NOT NULL, key TEXT NOT NULL)",
+]
+
+
+def test_an_outbox_made_by_an_older_version_is_upgraded(app: App, store: JobStore) -> None:
+    """A relay of an outbox whose meta table has only its name adds the columns, keeps the
+    name (the store's mark of it still applies), binds and relays; create keeps it too."""
+    for statement in OLD_SQLITE if app.kind == "sqlite" else OLD_PG:
+        app.execute(statement)
+    app.commit()
+    box = Outbox()
+    put_range(app, box, range(5))
+    with closing(app.relay(store, batch=2)) as relay:
+        assert relay.relay_once() == 2
+    assert app.execute("SELECT name FROM k7_outbox_meta") == [("outbox-0123456789abcdef",)]
+    assert store.mark("outbox-0123456789abcdef") == 2
+    setup(app)  # the new version's create on the old tables
+    put_range(app, box, range(5, 8))
+    with closing(app.relay(store)) as relay:
+        relay_all(relay)
+    assert payloads(store) == list(range(8))
+    assert app.execute("SELECT name, target FROM k7_outbox_meta")[0][0] == (
+        "outbox-0123456789abcdef")
+
+
+def test_pg_the_command_line_status_and_reset(dsn: str, tmp_path: Path) -> None:
+    missing = k7("outbox", "status", dsn)
+    err = missing.stderr.decode()
+    assert missing.returncode == 1 and "no outbox 'k7_outbox'" in err, err
+    assert "Traceback" not in err and "Traceback" not in k7("outbox", "reset", dsn).stderr.decode()
+    app = App("pg", dsn)
+    box = setup(app)
+    put_range(app, box, range(3))
+    assert "not bound to a store yet" in k7("outbox", "status", dsn).stdout.decode()
+    with JobStore(tmp_path / "first") as store, closing(app.relay(store)) as relay:
+        relay_all(relay)
+    put_range(app, box, range(3, 6))
+    status = k7("outbox", "status", dsn).stdout.decode()
+    assert f"feeds the job store {(tmp_path / 'first').resolve()}" in status, status
+    reset = k7("outbox", "reset", dsn, "--skip-upto", "4")
+    assert reset.returncode == 0 and b"relays the 2 rows" in reset.stdout, reset
+    with JobStore(tmp_path / "second") as store, closing(app.relay(store)) as relay:
+        relay_all(relay)
+        assert payloads(store) == [4, 5]
     app.close()

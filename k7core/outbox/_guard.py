@@ -69,9 +69,11 @@ def check_target(outbox: str, bound: Bound, mine: Target, bind: Callable[[], Bou
     if bound[0] is None:
         bound = bind()
     if bound[0] != mine.id:
+        same = (f" (the same place, another identity: the store was made again or its "
+                f"{STORE_ID} lost)" if bound[1] == mine.where else "")
         raise OutboxTargetError(
-            f"{outbox} feeds {bound[1]}, not {mine.where}: one outbox feeds one store or "
-            "server, or a row could be relayed into both; nothing was relayed",
+            f"{outbox} feeds {bound[1]}, not {mine.where}{same}: one outbox feeds one store "
+            "or server, or a row could be relayed into both; nothing was relayed",
             hint=f"relay into that one; if it is gone for good, `{RESET}` binds the next "
                  "relay's and relays there every row still in the table")
 

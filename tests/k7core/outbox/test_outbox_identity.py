@@ -175,6 +175,11 @@ def test_sqlite_a_second_store_is_refused(db_path: Path, store: JobStore,
     with closing(SqliteRelay(db_path, store)) as relay:
         relay_all(relay)
     assert payloads(store) == list(range(20))
+    put_range(app, box, range(20, 22))
+    (store.path / "k7-store.id").unlink()  # the same directory, a store made anew
+    with closing(SqliteRelay(db_path, store)) as relay, pytest.raises(
+            OutboxTargetError, match="the same place, another identity"):
+        relay.relay_once()
     app.close()
 
 

@@ -23,7 +23,7 @@ import pytest
 import k7async
 from k7core.beanstalk import Client, TubeNotFoundError
 from k7core.jobs import JobStore
-from k7core.outbox import BeanstalkRelay, Outbox, OutboxTargetError, relay
+from k7core.outbox import BeanstalkRelay, Outbox, OutboxRewoundError, OutboxTargetError, relay
 from tests._childproc import Child
 from tests._queuehelp import K7
 from tests.k7async.server._servers import SERVERS, ServerProcess, address, served
@@ -258,6 +258,31 @@ def test_an_outbox_feeds_one_server_or_store(app: App, server: ServerProcess,
         r.relay_once()
     assert take(server, None, timeout=0) == [{"n": 0}]
     assert payloads(store) == [{"n": 1}] and app.count() == 1
+
+
+def test_ids_that_went_back_under_a_batch_in_flight_are_refused(
+        app: App, server: ServerProcess) -> None:
+    """A relay killed with its batch's ids recorded in <table>_sent, then the table's ids
+    made to start again: the recovery would take new rows for those recorded; refused."""
+    box = setup(app)
+    for n in range(3):
+        box.put(app.conn, TUBE, {"n": n})
+    app.commit()
+    with Child("beanstalk", app.kind, app.where, address(server), "3", "kick-job-before:1",
+               program=CHILD) as child:
+        assert child.line() == b"ready"
+        child.wait()
+        assert child.proc.returncode == -signal.SIGKILL, child.stderr()
+    assert app.count(f"{app.table}_sent") == 3
+    if app.kind == "sqlite":
+        app.execute("DELETE FROM sqlite_sequence WHERE name = ?", (app.table,))
+    else:
+        app.execute(f"ALTER SEQUENCE {app.table}_id_seq RESTART")
+    app.commit()
+    with closing(BeanstalkRelay(app.where, address(server))) as r, pytest.raises(
+            OutboxRewoundError, match="went back"):
+        r.relay_once()
+    assert app.count() == 3 and take(server, None, timeout=0) == []
 
 
 def test_a_missing_outbox_is_a_clear_error(app: App, server: ServerProcess) -> None:

@@ -103,6 +103,11 @@ class PostgresRelay(StoreRelay):
                 with conn.transaction():  # an outbox made by an older version
                     run_steps(conn, self._sql.upgrade_steps())
                 self._outbox = f"outbox {self._sql.table!r} of database {conn.info.dbname!r}"
+                self._target = self._target or store_target(self.store)
+                bound = conn.execute(self._sql.target).fetchone() or (None, None)
+                conn.commit()
+                if bound[0] is not None:  # the done keys are another store's to forget
+                    check_target(self._outbox, bound, self._target, lambda: bound)
                 self._forget_done(conn)
             except (self._psycopg.errors.UndefinedTable, LookupError) as exc:
                 conn.close()
@@ -112,8 +117,6 @@ class PostgresRelay(StoreRelay):
                 conn.close()
                 raise
             self._conn = conn
-        if self._target is None:
-            self._target = store_target(self.store)
         return self._conn
 
     def _forget_done(self, conn: psycopg.Connection[Any]) -> None:

@@ -81,8 +81,8 @@ def check_target(outbox: str, bound: Bound, mine: Target, bind: Callable[[], Bou
 def check_ids(outbox: str, *, relayed: int, highest: int, taken: int | None = None) -> None:
     """Refuse (:class:`OutboxRewoundError`) when the outbox's ids went back: ``relayed`` is
     the highest row id its store holds (its mark; 0: none), ``highest`` the highest id the
-    table's ids have reached, ``taken`` (SQLite) the highest id the database says a relay
-    took (None: not recorded yet)."""
+    table's ids have reached, ``taken`` (store relays) the highest id the database says
+    relays may take (None: not known)."""
     if taken is not None and taken < relayed:
         why = (f"its store holds rows up to id {relayed} but the database says relays "
                f"took rows up to {taken} only: the database went back (restored from a "
@@ -96,8 +96,8 @@ def check_ids(outbox: str, *, relayed: int, highest: int, taken: int | None = No
     else:
         return
     raise OutboxRewoundError(
-        f"{outbox}: {why}; a relay would skip new rows with those ids, so nothing was "
-        "relayed or deleted",
+        f"{outbox}: {why}; a relay would skip new rows with those ids (or relay rows again), "
+        "so nothing was relayed or deleted",
         hint=f"{known}rows that were relayed before can be deleted with `{RESET} "
              f"--skip-upto ID`, which relays the rest; `{RESET}` relays every row in the "
              "table")

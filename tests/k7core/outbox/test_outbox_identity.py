@@ -6,6 +6,7 @@ second one is refused, also after a relay died between its puts and its commit."
 
 from __future__ import annotations
 
+import logging
 import signal
 import sqlite3
 import threading
@@ -20,7 +21,15 @@ from k7core.jobs import JobStore
 from k7core.outbox import Outbox, OutboxRewoundError, OutboxTargetError, Relay, SqliteRelay
 from tests._childproc import Child
 from tests._queuehelp import k7
-from tests.k7core.outbox._outboxhelp import TUBE, App, payloads, relay_all, setup
+from tests.k7core.outbox._outboxhelp import (
+    TUBE,
+    App,
+    payloads,
+    relay_all,
+    setup,
+    until,
+    wait_payload,
+)
 
 CHILD = "tests.k7core.outbox._outboxchild"
 
@@ -322,3 +331,19 @@ def test_pg_the_command_line_status_and_reset(dsn: str, tmp_path: Path) -> None:
         relay_all(relay)
         assert payloads(store) == [4, 5]
     app.close()
+
+
+def test_a_refused_thread_logs_without_a_traceback_and_resumes_after_a_reset(
+        app: App, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    box = setup(app)
+    put_range(app, box, range(2))
+    with JobStore(tmp_path / "first") as first, closing(app.relay(first)) as relay:
+        relay_all(relay)
+    put_range(app, box, range(2, 4))
+    with caplog.at_level(logging.ERROR, logger="k7core.outbox"), \
+            JobStore(tmp_path / "second") as second, app.relay(second) as relay:
+        until(lambda: isinstance(relay.error, OutboxTargetError))
+        assert "Traceback" not in caplog.text and "k7 outbox reset" in caplog.text
+        box.reset(app.conn)
+        app.commit()
+        assert [wait_payload(second), wait_payload(second)] == [2, 3]

@@ -28,6 +28,7 @@ from tests.k7core.outbox._outboxhelp import (
     relay_all,
     setup,
     take_all,
+    until,
     wait_payload,
 )
 
@@ -167,14 +168,6 @@ def test_a_relay_started_late_finds_what_was_committed_before(app: App, store: J
     put_many(app, box, range(50), per_transaction=7)
     with app.relay(store, batch=8):
         assert [wait_payload(store) for _ in range(50)] == list(range(50))
-
-
-def until(check: Any, timeout: float = 10.0) -> None:
-    """Wait for ``check()`` to hold: for a state nothing signals (a relay's next look)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{check} did not hold within {timeout} s"
-        time.sleep(0.02)
 
 
 def test_pg_several_relay_threads_share_the_rows_each_once(dsn: str, store: JobStore) -> None:

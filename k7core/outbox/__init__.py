@@ -17,13 +17,18 @@ or a beanstalkd server exactly once, even when it is killed at any point.
 SQLite: ``SqliteRelay`` (the relay's position is a store mark, journaled with each put).
 PostgreSQL (psycopg 3, ``pip install 'k7py[postgres]'``): ``PostgresRelay`` (claim, put with
 a remembered key, delete). Into a beanstalkd server (beanstalkd itself or ``k7 serve``):
-``BeanstalkRelay`` (jobs put parked, made live once their ids are recorded).
-``docs/outbox.md`` has the details.
+``BeanstalkRelay`` (jobs put parked, made live once their ids are recorded). An outbox
+feeds one store or server (the first relay binds it), and a relay refuses ids that went
+back below what its store holds (``OutboxError``; ``Outbox.reset`` or ``k7 outbox reset``
+once you know why). ``docs/outbox.md`` has the details.
 """
 
 from types import FunctionType
 
 from ._beanstalk import BeanstalkRelay as BeanstalkRelay
+from ._errors import OutboxError as OutboxError
+from ._errors import OutboxRewoundError as OutboxRewoundError
+from ._errors import OutboxTargetError as OutboxTargetError
 from ._open import relay as relay
 from ._outbox import Outbox as Outbox
 from ._postgres import PostgresRelay as PostgresRelay
@@ -31,8 +36,8 @@ from ._relay import Relay as Relay
 from ._sql import DEFAULT_TABLE as DEFAULT_TABLE
 from ._sqlite import SqliteRelay as SqliteRelay
 
-__all__ = ["DEFAULT_TABLE", "BeanstalkRelay", "Outbox", "PostgresRelay", "Relay", "SqliteRelay",
-           "relay"]
+__all__ = ["DEFAULT_TABLE", "BeanstalkRelay", "Outbox", "OutboxError", "OutboxRewoundError",
+           "OutboxTargetError", "PostgresRelay", "Relay", "SqliteRelay", "relay"]
 
 # Public classes and functions report this package as their module (as k7core's do).
 for _value in [globals()[name] for name in __all__]:

@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING, Any
 from .._storage import try_lock
 from ..beanstalk import Client, JobNotFoundError, JobTooBigError, Stats, calls, parse_address
 from ..jobs._errors import InvalidJobError
+from ._guard import Bound, check_ids, check_target, server_target
 from ._postgres import driver, listen, wait_notified
 from ._relay import Relay, is_postgres, log, sqlite_path
-from ._sql import DEFAULT_TABLE, Row, Sent, row
+from ._sql import DEFAULT_TABLE, Postgres, Row, Sent, Sqlite, Steps, row, run_steps
 from ._sqlite import data_version, wait_version
 
 if TYPE_CHECKING:
@@ -75,7 +76,8 @@ class _Sqlite:
 
     def __init__(self, path: Path, table: str, busy_timeout: float) -> None:
         self.path = path
-        self.sql = Sent(table, "?")
+        self.sql = Sent(table, "?", Sqlite(table))
+        self.describe = f"outbox {table!r} of {path}"
         self.lock_path = Path(f"{path}-{table}.relay-lock")
         self._busy_timeout = busy_timeout
         self._conn: sqlite3.Connection | None = None
@@ -114,6 +116,16 @@ class _Sqlite:
             raise
         conn.execute("COMMIT")
 
+    def run(self, steps: Steps) -> None:
+        conn = self.connect()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            run_steps(conn, steps)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
     def arm(self) -> None:
         pass
 
@@ -140,7 +152,8 @@ class _Postgres:
     def __init__(self, dsn: str, table: str) -> None:
         self.psycopg = driver()
         self.dsn = dsn
-        self.sql = Sent(table, "%s")
+        self.sql = Sent(table, "%s", Postgres(table))
+        self.describe = f"outbox {table!r}"
         self._conn: psycopg.Connection[Any] | None = None
         self._listener: psycopg.Connection[Any] | None = None
         self._locked = False
@@ -168,6 +181,11 @@ class _Postgres:
         with conn.transaction(), conn.cursor() as cur:
             for sql, params in writes:
                 cur.executemany(sql, list(params))
+
+    def run(self, steps: Steps) -> None:
+        conn = self.connect()
+        with conn.transaction():
+            run_steps(conn, steps)
 
     def arm(self) -> None:
         if self._listener is None:
@@ -202,6 +220,7 @@ class BeanstalkRelay(Relay):
         self._db: _Sqlite | _Postgres = (
             _Postgres(source, table) if isinstance(source, str) and is_postgres(source)
             else _Sqlite(Path(sqlite_path(os.fspath(source))), table, busy_timeout))
+        self._target = server_target(address)
         self._client: Client | None = None
         self._park = 0
         self._used = ""
@@ -226,6 +245,7 @@ class BeanstalkRelay(Relay):
             if not found:
                 raise FileNotFoundError(f"outbox {db.sql.table!r} has no name row; create "
                                         "it with Outbox.create")
+            db.run(db.sql.tables.upgrade_steps())  # an outbox made by an older version
             db.write([(db.sql.create, [()])])
             self._park = park_delay(found[0][0])
             self._probe_tube = PROBE_TUBE.format(name=found[0][0])
@@ -253,12 +273,16 @@ class BeanstalkRelay(Relay):
             db, sql = self._db, self._db.sql
             if not db.turn():
                 return 0  # another relay of this outbox moves its rows
+            bound = self._bound()
+            if bound[0] is not None:
+                check_target(db.describe, bound, self._target, self._bind)
             if not self._swept:
                 self._sweep_probes(client)
             done = self._recover(client)
             rows = [row(r) for r in db.query(sql.first, (self.batch,))]
             if not rows:
                 return done
+            check_target(db.describe, bound, self._target, self._bind)
             now = self._now()
             good: list[tuple[Row, calls.Call[int]]] = []
             bad: list[Row] = []
@@ -276,6 +300,14 @@ class BeanstalkRelay(Relay):
             self._go_live(client, put_ids, now)
             self._finish([r for r, _ in put_ids])
             return len(rows) + done
+
+    def _bound(self) -> Bound:
+        found = self._db.query(self._db.sql.target)
+        return (found[0][0], found[0][1]) if found else (None, None)
+
+    def _bind(self) -> Bound:
+        self._db.write([(self._db.sql.bind, [self._target])])
+        return self._bound()
 
     def _put_call(self, r: Row) -> calls.Call[int] | None:
         """The parked put of ``r``, or None when it cannot be a beanstalkd job (logged)."""
@@ -366,6 +398,8 @@ class BeanstalkRelay(Relay):
         db, sql = self._db, self._db.sql
         if not db.query(sql.count)[0][0]:
             return 0  # (a read: no write transaction when there is nothing to do)
+        check_ids(db.describe, relayed=db.query(sql.highest_sent)[0][0],
+                  highest=db.query(sql.seq)[0][0])  # a row id in flight now reused?
         db.write([(sql.strays, [()])])
         pending = db.query(sql.pending)
         if not pending:

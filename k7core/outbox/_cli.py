@@ -10,13 +10,16 @@ import re
 import signal
 import sqlite3
 import threading
+from contextlib import closing
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import click
 
 from ..jobs._store import JobStore
 from ._open import relay
+from ._outbox import Outbox
 from ._postgres import driver
 from ._relay import Relay, is_postgres, sqlite_path
 from ._sql import DEFAULT_TABLE, Postgres, Sqlite
@@ -94,21 +97,82 @@ def _relay_until(stop: threading.Event, relays: list[Relay], table: str, target:
 @click.option("--table", default=DEFAULT_TABLE, show_default=True, help="The outbox table.")
 def status_command(source: str, table: str) -> None:
     """Rows of SOURCE's outbox waiting for a relay (and, on PostgreSQL, keys a relay has
-    yet to forget)."""
+    yet to forget), and the store or server it feeds."""
     if is_postgres(source):
         pg = Postgres(table)
-        with driver().connect(source) as conn:
+        with _postgres(source, table) as conn:
             (waiting,) = conn.execute(pg.count).fetchone()
             (done,) = conn.execute(pg.count_done).fetchone()
-        click.echo(f"{waiting} rows waiting, {done} relayed keys to forget")
+            target = _target(conn, pg.target, driver().Error)
+        click.echo(f"{waiting} rows waiting, {done} relayed keys to forget; {target}")
         return
     lite = Sqlite(table)
+    with closing(_sqlite(source, table, readonly=True)) as conn:
+        (waiting,) = conn.execute(lite.count).fetchone()
+        target = _target(conn, lite.target, sqlite3.Error)
+    click.echo(f"{waiting} rows waiting; {target}")
+
+
+def _target(conn: Any, statement: str, error: type[Exception]) -> str:
+    """Which store or server the outbox feeds, said for people."""
+    try:
+        found = conn.execute(statement).fetchone()
+    except error:  # an outbox made by an older version, not relayed since
+        conn.rollback()
+        found = None
+    if found is None or found[0] is None:
+        return "not bound to a store yet (the first relay binds its own)"
+    return f"feeds {found[1]}"
+
+
+def _sqlite(source: str, table: str, *, readonly: bool) -> sqlite3.Connection:
+    """A connection to the SQLite outbox of ``source`` (its table checked)."""
     path = Path(sqlite_path(source))
     if not path.exists():
         raise click.ClickException(f"{path}: no such file")
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
-        try:
-            (waiting,) = conn.execute(lite.count).fetchone()
-        except sqlite3.OperationalError as exc:
-            raise click.ClickException(f"{path}: no outbox {table!r} ({exc})") from exc
-    click.echo(f"{waiting} rows waiting")
+    conn = sqlite3.connect(f"file:{path}?mode=ro" if readonly else path, uri=readonly)
+    _check(conn, Sqlite(table), sqlite3.Error, f"{path} has")
+    return conn
+
+
+def _check(conn: Any, sql: Sqlite | Postgres, error: type[Exception], where: str) -> None:
+    """Read the outbox's name on ``conn`` (closed, and a clear error, if it cannot)."""
+    try:
+        conn.execute(sql.name).fetchone()
+    except error as exc:
+        conn.close()
+        raise click.ClickException(f"{where} no outbox {sql.table!r} ({exc})") from exc
+
+
+def _postgres(source: str, table: str) -> Any:
+    """A connection to the PostgreSQL outbox of ``source`` (its table checked)."""
+    psycopg = driver()
+    try:
+        conn = psycopg.connect(source)
+    except psycopg.Error as exc:
+        raise click.ClickException(f"cannot connect to the database: {exc}") from exc
+    _check(conn, Postgres(table), psycopg.Error, "the database has")
+    return conn
+
+
+@outbox.command("reset")
+@click.argument("source")
+@click.option("--table", default=DEFAULT_TABLE, show_default=True, help="The outbox table.")
+@click.option("--skip-upto", type=click.IntRange(0), default=None, metavar="ID",
+              help="Delete the rows with ids up to ID first (they were relayed before).")
+def reset_command(source: str, table: str, skip_upto: int | None) -> None:
+    """Start SOURCE's outbox afresh after a relay refused it (its ids went back, or it
+    feeds another store or server) and you know why: a new outbox name, no bound store;
+    the next relay binds its own and relays every row left in the table (run it with the
+    relays stopped)."""
+    box = Outbox(table)
+    if is_postgres(source):
+        with _postgres(source, table) as conn:
+            box.reset(conn, skip_upto=skip_upto)
+            (left,) = conn.execute(Postgres(table).count).fetchone()
+    else:
+        with closing(_sqlite(source, table, readonly=False)) as conn:
+            box.reset(conn, skip_upto=skip_upto)
+            (left,) = conn.execute(Sqlite(table).count).fetchone()
+    click.echo(f"outbox {table!r} reset: the next relay binds its store or server and "
+               f"relays the {left} rows in the table")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ from ..jobs._machine import (
 from ..jobs._store import MAX_BODY
 from ..workers._codec import Codec, encode_body
 from ..workers._codec import codec as _codec_of
-from ._sql import DEFAULT_TABLE, Postgres, Sqlite, deps_text
+from ._sql import DEFAULT_TABLE, Postgres, Sqlite, Steps, arun_steps, deps_text, run_steps
 
 if TYPE_CHECKING:
     import psycopg
@@ -53,34 +53,56 @@ class Outbox:
 
     def create(self, conn: sqlite3.Connection | psycopg.Connection[Any]) -> None:
         """Create the outbox's tables if they do not exist (idempotent, safe to run from
-        several processes at once). In a transaction of the caller's, it becomes part of it
-        (a savepoint); otherwise it commits."""
+        several processes at once), and add what an older version's lack. A table made
+        anew (after a ``DROP TABLE``) gets a new outbox name, so a relay takes its rows
+        from the first. In a transaction of the caller's, it becomes part of it (a
+        savepoint); otherwise it commits."""
+        self._run(conn, "create", lambda sql: sql.create_steps())
+
+    async def acreate(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """:meth:`create` on a psycopg ``AsyncConnection``."""
+        async with conn.transaction():
+            await arun_steps(conn, self._postgres.create_steps())
+
+    def reset(self, conn: sqlite3.Connection | psycopg.Connection[Any], *,
+              skip_upto: int | None = None) -> None:
+        """Start the outbox afresh, once a relay refused it (``OutboxError``) and you know
+        why: a new outbox name (a store's position and keys of the old one no longer
+        apply) and no bound store, so the next relay binds its own and relays every row in
+        the table; those with ids at or below ``skip_upto`` are deleted first (relayed
+        before, say, by a restored backup's rows). ``k7 outbox reset`` runs it. A
+        transaction as :meth:`create`'s."""
+        _check_skip(skip_upto)
+        self._run(conn, "reset", lambda sql: sql.reset_steps(skip_upto))
+
+    async def areset(self, conn: psycopg.AsyncConnection[Any], *,
+                     skip_upto: int | None = None) -> None:
+        """:meth:`reset` on a psycopg ``AsyncConnection``."""
+        _check_skip(skip_upto)
+        async with conn.transaction():
+            await arun_steps(conn, self._postgres.reset_steps(skip_upto))
+
+    def _run(self, conn: sqlite3.Connection | psycopg.Connection[Any], what: str,
+             steps: Callable[[Sqlite | Postgres], Steps]) -> None:
         if isinstance(conn, sqlite3.Connection):
             # Outside a transaction, take the write lock first: a SAVEPOINT begins a
             # deferred transaction that reads the schema, and SQLite fails its upgrade to
             # writing at once ("database is locked", no busy wait) while another process
             # creates the outbox too.
             ours = not conn.in_transaction
-            conn.execute("BEGIN IMMEDIATE" if ours else "SAVEPOINT k7_outbox_create")
+            point = f"k7_outbox_{what}"
+            conn.execute("BEGIN IMMEDIATE" if ours else f"SAVEPOINT {point}")
             try:
-                for statement in self._sqlite.create:
-                    conn.execute(statement)
+                run_steps(conn, steps(self._sqlite))
             except BaseException:
-                conn.execute("ROLLBACK" if ours else "ROLLBACK TO k7_outbox_create")
+                conn.execute("ROLLBACK" if ours else f"ROLLBACK TO {point}")
                 if not ours:
-                    conn.execute("RELEASE k7_outbox_create")
+                    conn.execute(f"RELEASE {point}")
                 raise
-            conn.execute("COMMIT" if ours else "RELEASE k7_outbox_create")
+            conn.execute("COMMIT" if ours else f"RELEASE {point}")
             return
         with conn.transaction():
-            for statement in self._postgres.create:
-                conn.execute(statement)
-
-    async def acreate(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """:meth:`create` on a psycopg ``AsyncConnection``."""
-        async with conn.transaction():
-            for statement in self._postgres.create:
-                await conn.execute(statement)
+            run_steps(conn, steps(self._postgres))
 
     # --- puts --------------------------------------------------------------------------
 
@@ -125,3 +147,9 @@ class Outbox:
             check_group(group)
         return (tube, body, check_priority(priority), check_seconds(delay, "delay"),
                 check_seconds(ttr, "ttr"), key, deps_text(depends_on), time.time(), group)
+
+
+def _check_skip(skip_upto: int | None) -> None:
+    if skip_upto is not None and (not isinstance(skip_upto, int) or isinstance(skip_upto, bool)
+                                  or skip_upto < 0):
+        raise ValueError(f"skip_upto is a row id (an int >= 0), not {skip_upto!r}")

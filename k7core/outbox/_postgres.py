@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import MissingExtraError
 from ..jobs._store import JobStore
-from ._relay import StoreRelay, put_row
-from ._sql import DEFAULT_TABLE, Postgres, key_prefix, row
+from ._guard import Target, check_ids, check_target, store_target
+from ._relay import StoreRelay, put_row, store_lock
+from ._sql import DEFAULT_TABLE, Postgres, key_prefix, row, run_steps
 
 if TYPE_CHECKING:
     import psycopg
@@ -66,8 +67,14 @@ class PostgresRelay(StoreRelay):
     ``<outbox name>:<row id>`` and ``remember=True`` (a row put again after a crash stores
     nothing), delete the rows and record their keys in ``<table>_done``, commit; then the
     store forgets the keys and the done rows go. A relay that starts forgets the keys of
-    rows deleted by one that died before it could. Wakes up on ``LISTEN <table>`` (the
-    table's insert trigger notifies), with a look every second besides.
+    rows deleted by one that died before it could. Relays take rows up to the id recorded
+    in ``<table>_meta`` (``upto``), moved to the sequence's highest in a transaction of its
+    own before they are put; the last row of a batch moves the store mark ``<outbox name>``
+    to its id (if higher). A relay refuses (:class:`OutboxError`) an outbox bound to
+    another store, or whose ids went back below its store's mark (``upto`` below it: a
+    restored database; the sequence below it: a reset sequence, a table made by hand).
+    Wakes up on ``LISTEN <table>`` (the table's insert trigger notifies), with a look every
+    second besides.
     """
 
     def __init__(self, dsn: str, store: JobStore, *, table: str = DEFAULT_TABLE,
@@ -78,7 +85,8 @@ class PostgresRelay(StoreRelay):
         self._sql = Postgres(table)
         self._conn: psycopg.Connection[Any] | None = None
         self._listener: psycopg.Connection[Any] | None = None
-        self._prefix = ""
+        self._outbox = f"outbox {table!r}"
+        self._target: Target | None = None
         self._forgotten: dict[str, list[str]] = {}  # done rows to delete at the next batch
 
     def __repr__(self) -> str:
@@ -92,7 +100,14 @@ class PostgresRelay(StoreRelay):
                 conn.commit()
                 if found is None:
                     raise LookupError("no name row")
-                self._prefix = key_prefix(found[0])
+                with conn.transaction():  # an outbox made by an older version
+                    run_steps(conn, self._sql.upgrade_steps())
+                self._outbox = f"outbox {self._sql.table!r} of database {conn.info.dbname!r}"
+                self._target = self._target or store_target(self.store)
+                bound = conn.execute(self._sql.target).fetchone() or (None, None)
+                conn.commit()
+                if bound[0] is not None:  # the done keys are another store's to forget
+                    check_target(self._outbox, bound, self._target, lambda: bound)
                 self._forget_done(conn)
             except (self._psycopg.errors.UndefinedTable, LookupError) as exc:
                 conn.close()
@@ -119,36 +134,72 @@ class PostgresRelay(StoreRelay):
     def relay_once(self) -> int:
         with self._lock:
             conn = self._connect()
-            store, sql = self.store, self._sql
-            with conn.transaction():
-                for tube, gone in self._forgotten.items():
-                    conn.execute(sql.undone, (tube, gone))
-                self._forgotten = {}
-                rows = [row(r) for r in conn.execute(sql.claim, (self.batch,))]
-                if not rows:
-                    return 0
-                prefix, now = self._prefix, self._now()
-                keys: dict[str, list[str]] = defaultdict(list)
-                put: list[int] = []
-                skipped: list[int] = []
-                with store.batch():
-                    for r in rows:
-                        key = r.key if r.key is not None else f"{prefix}{r.id}"
-                        if put_row(store, r, key=key, mark=None, remember=True,
-                                   now=now) is None:
-                            self.skipped += 1
-                            skipped.append(r.id)
-                        else:
-                            self.relayed += 1
-                            keys[r.tube].append(key)
-                            put.append(r.id)
-                conn.execute(sql.delete, (put, prefix))
-                if skipped:  # nothing remembered (a bad tube or key would fail forget)
-                    conn.execute(sql.drop, (skipped,))
-            for tube, tube_keys in keys.items():  # committed: the rows are gone for good
-                store.forget(tube, tube_keys)
-            self._forgotten = dict(keys)
-            return len(rows)
+            n, behind = self._batch(conn)
+            if behind and n < self.batch:  # rows may wait above what relays may take
+                self._take(conn)
+                n += self._batch(conn)[0]
+            return n
+
+    def _take(self, conn: psycopg.Connection[Any]) -> None:
+        """Bind the outbox to this relay's store if no relay did, and record the sequence's
+        highest id as what relays may take, in a transaction that commits before any of
+        those rows is put: a database restored from an older copy is then told by its
+        ``upto`` below the store's mark."""
+        with conn.transaction():
+            conn.execute(self._sql.bind, self._target)
+            conn.execute(self._sql.take)
+
+    def _batch(self, conn: psycopg.Connection[Any]) -> tuple[int, bool]:
+        """One batch of the rows relays may take; how many, and whether rows may wait
+        beyond them (or the outbox is not bound yet)."""
+        store, sql, target = self.store, self._sql, self._target
+        assert target is not None
+        with conn.transaction():
+            for tube, gone in self._forgotten.items():
+                conn.execute(sql.undone, (tube, gone))
+            self._forgotten = {}
+            name, bound_to, where, upto = conn.execute(sql.meta).fetchone() or (
+                None, None, None, 0)
+            (highest,) = conn.execute(sql.seq).fetchone() or (0,)
+            if name is None:
+                raise FileNotFoundError(f"{self._outbox} has no name row; create it with "
+                                        "Outbox.create")
+            check_ids(self._outbox, relayed=store.mark(name) or 0, highest=highest,
+                      taken=upto if upto >= 0 else None)  # -1: not known
+            if bound_to is None:  # the first relay that finds rows binds the outbox
+                return 0, conn.execute(sql.any_row).fetchone() is not None
+            check_target(self._outbox, (bound_to, where), target, lambda: (None, None))
+            rows = [row(r) for r in conn.execute(sql.claim, (upto, self.batch))]
+            if not rows:
+                return 0, highest > upto
+            prefix, now = key_prefix(name), self._now()
+            keys: dict[str, list[str]] = defaultdict(list)
+            put: list[int] = []
+            skipped: list[int] = []
+            with store.batch():
+                for i, r in enumerate(rows, 1 - len(rows)):  # i == 0: the last row
+                    key = r.key if r.key is not None else f"{prefix}{r.id}"
+                    if i:
+                        job = put_row(store, r, key=key, mark=None, remember=True, now=now)
+                    else:  # the batch's highest id marks the store (if above its mark)
+                        with store_lock(store, f"mark {name}"):
+                            mark = (name, r.id) if r.id > (store.mark(name) or 0) else None
+                            job = put_row(store, r, key=key, mark=mark, remember=True,
+                                          now=now)
+                    if job is None:
+                        self.skipped += 1
+                        skipped.append(r.id)
+                    else:
+                        self.relayed += 1
+                        keys[r.tube].append(key)
+                        put.append(r.id)
+            conn.execute(sql.delete, (put, prefix))
+            if skipped:  # nothing remembered (a bad tube or key would fail forget)
+                conn.execute(sql.drop, (skipped,))
+        for tube, tube_keys in keys.items():  # committed: the rows are gone for good
+            store.forget(tube, tube_keys)
+        self._forgotten = dict(keys)
+        return len(rows), highest > upto
 
     def _arm(self) -> None:
         if self._listener is None:

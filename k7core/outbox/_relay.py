@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from abc import abstractmethod
 from typing import Self
 
@@ -15,6 +16,7 @@ from .._errors import K7Error
 from .._resource import Resource
 from ..jobs._errors import DependencyError, InvalidJobError
 from ..jobs._store import JobStore
+from ._errors import OutboxError
 from ._sql import Row, deps_of
 
 log = logging.getLogger("k7core.outbox")
@@ -32,6 +34,18 @@ def sqlite_path(source: str) -> str:
     """The SQLite file ``source`` names (a path, ``sqlite:PATH`` or ``sqlite:///PATH``)."""
     path = source.removeprefix(SQLITE_SCHEME)
     return path[2:] if path.startswith("//") else path
+
+
+_store_locks: weakref.WeakKeyDictionary[JobStore, dict[str, threading.Lock]] = (
+    weakref.WeakKeyDictionary())
+_store_locks_lock = threading.Lock()
+
+
+def store_lock(store: JobStore, key: str) -> threading.Lock:
+    """The lock named ``key`` of ``store``, shared by every relay into it in this process
+    (a store is open in one process only): a store mark read, then moved, under it."""
+    with _store_locks_lock:
+        return _store_locks.setdefault(store, {}).setdefault(key, threading.Lock())
 
 
 RETRY_CAP = 30.0
@@ -77,7 +91,9 @@ class Relay(Resource):
     ``relay_once()`` relays up to ``batch`` rows in the caller's thread; ``start()`` (or
     ``with``) runs a thread that relays until :meth:`close`, waking when rows are committed.
     A failure of the database or the server is logged and retried (after 0.1 s, doubling up
-    to 30 s, with new connections); the thread ends when a job store it puts into is closed.
+    to 30 s, with new connections); so is a refusal (:class:`OutboxError`, logged without a
+    traceback: its message says it all), which a reset ends. The thread ends when a job
+    store it puts into is closed.
     ``relayed`` counts the jobs put, ``skipped`` the rows refused (logged), ``error`` is the
     last failure.
     """
@@ -148,7 +164,7 @@ class Relay(Resource):
                 self.error = exc
                 pause = min(RETRY_CAP, max(0.1, pause * 2))
                 log.error("outbox relay %s failed (retrying in %.1f s): %s", self, pause, exc,
-                          exc_info=exc)
+                          exc_info=None if isinstance(exc, OutboxError) else exc)
                 with self._lock:
                     self._disconnect()
                 stop.wait(pause)

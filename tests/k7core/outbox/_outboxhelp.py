@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +107,11 @@ def wait_payload(store: JobStore, tube: str = TUBE, timeout: float = 10.0) -> An
 def counted(values: list[Any]) -> Counter[str]:
     """``values`` counted by their JSON text (dicts are not hashable)."""
     return Counter(json.dumps(v, sort_keys=True) for v in values)
+
+
+def until(check: Callable[[], object], timeout: float = 10.0) -> None:
+    """Wait for ``check()`` to hold: for a state nothing signals (a relay's next look)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{check} did not hold within {timeout} s"
+        time.sleep(0.02)

@@ -422,3 +422,12 @@ async def test_async_connection(dsn: str, tmp_path: Path, anyio_backend: str) ->
             w.consume(TUBE)
             w.consume(TUBE)
         assert seen == [({"n": 1}, "async"), ({"n": 3}, "async")]
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:  # a reset, async
+        six = await box.aput(conn, TUBE, {"n": 6})
+        seven = await box.aput(conn, TUBE, {"n": 7})
+        await conn.commit()
+        with pytest.raises(ValueError, match="skip_upto"):
+            await box.areset(conn, skip_upto=-1)
+        await box.areset(conn, skip_upto=six)
+        cur = await conn.execute("SELECT count(*), min(id) FROM k7_outbox")
+        assert await cur.fetchone() == (1, seven)

@@ -28,6 +28,7 @@ from tests.k7core.outbox._outboxhelp import (
     relay_all,
     setup,
     take_all,
+    until,
     wait_payload,
 )
 
@@ -167,14 +168,6 @@ def test_a_relay_started_late_finds_what_was_committed_before(app: App, store: J
     put_many(app, box, range(50), per_transaction=7)
     with app.relay(store, batch=8):
         assert [wait_payload(store) for _ in range(50)] == list(range(50))
-
-
-def until(check: Any, timeout: float = 10.0) -> None:
-    """Wait for ``check()`` to hold: for a state nothing signals (a relay's next look)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{check} did not hold within {timeout} s"
-        time.sleep(0.02)
 
 
 def test_pg_several_relay_threads_share_the_rows_each_once(dsn: str, store: JobStore) -> None:
@@ -348,7 +341,8 @@ def test_pg_the_thread_survives_its_connections_being_terminated(
 
 def test_sqlite_a_locked_database_is_retried(db_path: Path, store: JobStore,
                                              caplog: pytest.LogCaptureFixture) -> None:
-    """A relay whose delete meets a long write transaction logs it and goes on."""
+    """A relay whose write (it records the rows it takes before putting them, and deletes
+    the rows relayed) meets a long write transaction logs it and goes on once it ends."""
     app = App("sqlite", str(db_path))
     box = setup(app)
     with caplog.at_level(logging.WARNING, logger="k7core.outbox"), SqliteRelay(
@@ -356,14 +350,14 @@ def test_sqlite_a_locked_database_is_retried(db_path: Path, store: JobStore,
         box.put(app.conn, TUBE, "one")
         app.commit()
         assert wait_payload(store) == "one"
-        box.put(app.conn, TUBE, "two")  # an open write transaction: the relay cannot delete
+        box.put(app.conn, TUBE, "two")  # an open write transaction: the relay cannot write
         blocker = sqlite3.connect(db_path)
         app.commit()
         blocker.execute("BEGIN IMMEDIATE")
-        assert wait_payload(store) == "two"  # read and put: the delete waits
-        until(lambda: "relayed rows not deleted yet" in caplog.text)
-        assert app.count() >= 1 and relay.error is None  # not a failure: retried later
+        until(lambda: "waiting for the write lock" in caplog.text)
+        assert take_all(store) == [] and app.count() >= 1 and relay.error is None
         blocker.rollback()
         blocker.close()
+        assert wait_payload(store) == "two"
         until(lambda: app.count() == 0)
     app.close()

@@ -17,6 +17,7 @@ from ._checks import check_int, check_timeout, message_list
 from ._columnar import BulkReader, ColumnarBatch
 from ._errors import (
     ClosedError,
+    LockFileLostError,
     NotAQueueError,
     QueueLockedError,
     ReadOnlyError,
@@ -27,6 +28,7 @@ from ._format import (
     MAX_OFFSET,
     POSITION_FILE,
     POSITION_FILE_SIZE,
+    SHARED_FILE,
     WRITER_LOCK,
     Fsync,
     segment_name,
@@ -40,7 +42,7 @@ from ._reader import count_frames, lag_messages
 from ._recovery import recover
 from ._resource import Resource
 from ._retention import Retention, lock_drained, remove_queue_files
-from ._shared import SharedWriters, shared_live, shared_pids, writer_live
+from ._shared import SharedWriters, lost_lock, shared_live, shared_pids, writer_live
 from ._stats import (
     GroupInfo,
     LockTable,
@@ -59,6 +61,7 @@ from ._storage import (
     list_segments,
     open_fd,
     preallocate,
+    same_file,
     try_lock,
 )
 from ._writer import SegmentWriter
@@ -261,6 +264,11 @@ class Queue(Resource):
                     f"queue {path} is locked by another writer", path=path,
                     hint="close the other Queue, or open this one with readonly=True",
                 )
+            if not same_file(fd, path / WRITER_LOCK):
+                raise lost_lock(path, f"{WRITER_LOCK} was replaced while this writer opened")
+            if not shared and shared_live(path):  # they hold a writer lock deleted since
+                raise lost_lock(path, f"shared writers hold {SHARED_FILE} but not "
+                                f"{WRITER_LOCK}: it was deleted or replaced under them")
         lg = self._log = self._r.log = self._open_log()
         self._r.bulk = self._bulk = BulkReader(lg)
         if readonly:
@@ -270,7 +278,7 @@ class Queue(Resource):
             return
         retention = self._retention = Retention(lg, self._opts)
         if self._opts.writers == "shared":
-            sw = self._r.shared = SharedWriters(path, self._opts)
+            sw = self._r.shared = SharedWriters(path, self._opts, self._r.lock_fd)
             with sw.joining():
                 if sw.enter():  # the first: recovers the log as an exclusive writer does
                     tail = recover(path, self._opts, self._events)
@@ -286,7 +294,7 @@ class Queue(Resource):
             tail = recover(path, self._opts, self._events)
             lg.set_segment_bases(tail.bases)
             w = self._writer = self._r.writer = SegmentWriter(
-                lg, self._opts, tail, lambda: retention.apply(w.base)
+                lg, self._opts, tail, lambda: retention.apply(w.base), lock_fd=self._r.lock_fd
             )
         self._fa = w.fa
         with owned(w.fa), w.locked():
@@ -530,7 +538,7 @@ class Queue(Resource):
         if w is not None:
             try:
                 w.check_segment()
-            except StorageError as exc:
+            except (StorageError, LockFileLostError) as exc:
                 first_error = first_error or exc
             err = self._log.close()  # the background flush's last pass, and its errors
             err = w.close() or err

@@ -15,15 +15,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import ClosedError, QueueLockedError, StorageError
+from ._errors import ClosedError, LockFileLostError, StorageError
 from ._format import (
-    SHARED_PIDS,
     SPARE_MIN_SIZE,
     SPARE_SEGMENT,
+    WRITER_LOCK,
     Fsync,
     orphaned_name,
     segment_name,
-    shared_spare_name,
 )
 from ._kernel import (
     BADOFFSETS,
@@ -42,7 +41,7 @@ from ._log import LogView
 from ._native._fast import CLOSED, Appender
 from ._options import QueueOptions
 from ._recovery import Tail, cut_tail, discard_stray, msync_range
-from ._shared import SharedWriters
+from ._shared import SharedWriters, lost_lock
 from ._stats import RecoveryEvent
 from ._storage import (
     SpareSegment,
@@ -52,6 +51,7 @@ from ._storage import (
     list_segments,
     map_file,
     open_fd,
+    same_file,
     valid_end,
 )
 
@@ -70,13 +70,16 @@ class SegmentWriter:
     directory's shared lock: the kernel takes it on the fast path and returns BUSY, RECOVER,
     REMAP or NOFIT with it held (or to be waited for), and the slow paths here fix the cause
     under it, then release it (``k7_shared_release``, a no-op for an exclusive writer).
-    ``tail`` is then where the log ended when this writer joined."""
+    ``tail`` is then where the log ended when this writer joined. ``lock_fd``: the writer
+    lock the queue holds, checked at every roll, ``sync()`` and ``close()``."""
 
     def __init__(
         self, log_view: LogView, options: QueueOptions, tail: Tail, on_roll: Callable[[], Any],
         *, shared: SharedWriters | None = None, events: list[RecoveryEvent] | None = None,
+        lock_fd: int = -1,
     ) -> None:
         self._log = log_view
+        self._lock_fd = lock_fd
         self._shared = shared
         self._events = events if events is not None else []
         self._opts = options
@@ -85,7 +88,8 @@ class SegmentWriter:
         self._closed = False
         self._spare: SpareSegment | None = None
         self._seg_id: tuple[int, int] | None = None  # (device, inode) of the segment written
-        self._seg_lost: StorageError | None = None  # that file was deleted or replaced
+        # the segment file, or a lock file (LockFileLostError), was deleted or replaced
+        self._seg_lost: StorageError | LockFileLostError | None = None
         m = self._seg_map = tail.segment
         self._note_segment(tail.base)
         m.prefetch()
@@ -109,11 +113,11 @@ class SegmentWriter:
             w.bell = slot.bell
             slot.set_writer(w)
             log_view.set_written(self._written)
-        self._spare_name = SPARE_SEGMENT if shared is None else shared_spare_name(os.getpid())
+        self._spare_name = SPARE_SEGMENT if shared is None else shared.spare_name
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path / self._spare_name)  # one left by a crash
         if shared is not None:
-            self._register(os.getpid())
+            self._register(True)
         self._prepare_spare(prefault=False)
 
     # ------------------------------------------------------------------ state
@@ -260,6 +264,8 @@ class SegmentWriter:
                 if lib.k7_writer_sync(w):
                     self.raise_eio()
         self._remove_strays(int(w.base))
+        if self._shared is not None:
+            self._shared.sweep(w)  # dead writers' slots and spares
         dest = self._path / segment_name(new_base)
         spare, self._spare = self._spare, None
         m = spare.take(dest) if spare is not None else None
@@ -384,7 +390,7 @@ class SegmentWriter:
         end = valid_end(self._seg_map, self._seg_map.size, state.pos)
         cut_tail(self._path, self._opts, self._seg_map, base, end, self._events)
         self._remove_strays(base)
-        dead = self._shared.remove_dead(w)
+        dead = self._shared.sweep(w)
         lib.k7_shared_recovered(w, end)
         log.warning("k7core: a shared writer of %s died holding its lock (dead writer "
                     "processes, the holder among them: %s); %d bytes of whole frames it wrote "
@@ -392,17 +398,16 @@ class SegmentWriter:
                     ", ".join(map(str, dead)) or "none left registered", end - state.pos,
                     base + end)
 
-    def _register(self, pid: int) -> None:
-        """Enter this process in the shared state's writers (``pid``), or leave it (0)."""
-        w = self.c
+    def _register(self, joining: bool) -> None:
+        """Enter this writer in the shared state's table (forgetting dead writers), or
+        leave it."""
+        assert self._shared is not None
         with self._released():
             self._hold()
-            old, new = (0, pid) if pid else (os.getpid(), 0)
-            if lib.k7_shared_swap_pid(w, old, new):
-                raise QueueLockedError(
-                    f"queue {self._path} has {SHARED_PIDS} shared writers already",
-                    path=self._path, hint="close some of them (at most that many at once)",
-                )
+            if joining:
+                self._shared.register(self.c)
+            else:
+                self._shared.unregister(self.c)
 
     # ------------------------------------------------------------------ the segment file
 
@@ -417,6 +422,7 @@ class SegmentWriter:
         run at every roll, ``sync()`` and ``close()``, not per message."""
         if self._seg_lost is not None:
             raise self._seg_lost
+        self._check_locks()
         w, m = self.c, self._seg_map
         if m.closed:
             return
@@ -453,6 +459,21 @@ class SegmentWriter:
         log.error("k7core: %s", self._seg_lost)
         raise self._seg_lost
 
+    def _check_locks(self) -> None:
+        """Stop writing (LockFileLostError, from then on) if a lock file this writer holds
+        was deleted or replaced: another writer could open as if the queue were free."""
+        try:
+            if self._shared is not None:
+                self._shared.check_files()
+            elif self._lock_fd >= 0 and not same_file(self._lock_fd, self._path / WRITER_LOCK):
+                raise lost_lock(self._path, f"{WRITER_LOCK} was deleted or replaced while "
+                                "this writer held it")
+        except LockFileLostError as exc:
+            self.c.err = errno.ESTALE  # the kernel refuses every later append
+            self._seg_lost = exc
+            log.error("k7core: %s", exc)
+            raise
+
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> int:
@@ -469,7 +490,7 @@ class SegmentWriter:
             err = int(lib.k7_writer_sync(self.c)) or int(self.c.err)
         if self._shared is not None:
             with contextlib.suppress(StorageError):  # a dead state: nobody to tell
-                self._register(0)
+                self._register(False)
         return err
 
     def release(self) -> None:

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 #include <sys/mman.h>
+#include <fcntl.h>
 #include <unistd.h>
 #ifdef __linux__
 #include <linux/futex.h>
@@ -380,7 +381,7 @@ int k7_bell_wait(k7_bell *b, uint32_t seen, int64_t timeout_ns) {
  * there. */
 
 #define K7_SHARED_MAGIC 0x314A4853595037CBULL
-#define K7_SHARED_VERSION 3
+#define K7_SHARED_VERSION 4
 /* Looks at a taken append lock before a sync writer sleeps on it (it is held for a copy). */
 #define K7_SHARED_SPINS 50
 /* The longest an msync's leader gathers callers (and at most as long as the last msync). */
@@ -406,7 +407,7 @@ struct k7_shared {
     int64_t end;             /* atomic: base + pos */
     int64_t synced;          /* atomic, only grows: the end of msync'd frames */
     int32_t recover;         /* under mu: a holder died; its tail is not cut yet */
-    int32_t npids;
+    int32_t nmembers;        /* under mu: slots in use (dead writers not yet swept too) */
     int64_t deaths;          /* atomic: holders found dead */
     int64_t nsyncs;          /* atomic: msyncs of the log by every writer */
     int64_t covering;        /* atomic: the end the running msync covers (0: not known yet) */
@@ -416,7 +417,7 @@ struct k7_shared {
     uint32_t gather;         /* atomic: the arrivals the next msync's leader waits for */
     uint32_t gathering;      /* atomic: a leader sleeps on arrivals */
     int64_t sync_ns;         /* atomic: how long the last msync took */
-    int32_t pids[K7_SHARED_PIDS];  /* under mu: the writing processes (0: free) */
+    k7_member members[K7_SHARED_WRITERS];  /* under mu: the writers (id 0: a free slot) */
 };
 
 _Static_assert(sizeof(struct k7_shared) <= K7_SHARED_FILE_SIZE, "the state fits its file");
@@ -704,7 +705,7 @@ void k7_shared_state(const k7_shared *s, int64_t *out) {
     out[5] = __atomic_load_n(&s->deaths, __ATOMIC_RELAXED);
     out[6] = __atomic_load_n(&s->nsyncs, __ATOMIC_RELAXED);
     out[7] = s->mode;
-    out[8] = s->npids;
+    out[8] = s->nmembers;
 }
 
 void k7_shared_follow(k7_writer *w) {
@@ -733,25 +734,60 @@ void k7_shared_recovered(k7_writer *w, int64_t pos) {
     else publish_max(w->pub, (uint64_t)LOAD_ACQ(&s->synced));
 }
 
-int k7_shared_swap_pid(k7_writer *w, int32_t old, int32_t pid) {
+uint64_t k7_shared_set_member(k7_writer *w, int32_t i, const k7_member *m) {
     k7_shared *s = w->sh;
-    for (int i = 0; i < K7_SHARED_PIDS; i++) {
-        if (s->pids[i] == old) {
-            s->pids[i] = pid;
-            s->npids += (pid != 0) - (old != 0);
-            return 0;
-        }
-    }
-    return old ? 0 : ENOSPC;
+    if (i < 0 || i >= K7_SHARED_WRITERS) return 0;
+    uint64_t old = s->members[i].id;
+    s->nmembers += (m->id != 0) - (old != 0);
+    __atomic_store_n(&s->members[i].pidns, m->pidns, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->members[i].pid, m->pid, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->members[i].id, m->id, __ATOMIC_RELEASE);
+    return old;
 }
 
-int64_t k7_shared_pids(const k7_shared *s, int32_t *out, int64_t n) {
-    int64_t k = 0;
-    for (int i = 0; i < K7_SHARED_PIDS && k < n; i++) {
-        int32_t pid = __atomic_load_n(&s->pids[i], __ATOMIC_RELAXED);
-        if (pid) out[k++] = pid;
+void k7_shared_members(const k7_shared *s, k7_member *out) {
+    for (int i = 0; i < K7_SHARED_WRITERS; i++) {
+        out[i].id = LOAD_ACQ(&s->members[i].id);
+        out[i].pidns = __atomic_load_n(&s->members[i].pidns, __ATOMIC_RELAXED);
+        out[i].pid = __atomic_load_n(&s->members[i].pid, __ATOMIC_RELAXED);
+        out[i].pad_ = 0;
     }
-    return k;
+}
+
+#ifdef F_OFD_SETLK
+#define K7_SETLK F_OFD_SETLK
+#define K7_GETLK F_OFD_GETLK
+#else  /* process-owned locks: closing any descriptor of the file drops them */
+#define K7_SETLK F_SETLK
+#define K7_GETLK F_GETLK
+#endif
+
+static struct flock range_of(int64_t at, short type) {
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)at;
+    fl.l_len = 1;
+    return fl;
+}
+
+static int range_set(int fd, int64_t at, short type) {
+    struct flock fl = range_of(at, type);
+    if (fcntl(fd, K7_SETLK, &fl) == 0) return 0;
+    return errno == EACCES ? EAGAIN : errno;
+}
+
+int k7_range_lock(int fd, int64_t at, int exclusive) {
+    return range_set(fd, at, exclusive ? F_WRLCK : F_RDLCK);
+}
+
+int k7_range_unlock(int fd, int64_t at) { return range_set(fd, at, F_UNLCK); }
+
+int k7_range_held(int fd, int64_t at) {
+    struct flock fl = range_of(at, F_WRLCK);
+    if (fcntl(fd, K7_GETLK, &fl) != 0) return -errno;
+    return fl.l_type != F_UNLCK;
 }
 
 /* ------------------------------------------------------------------ msync */

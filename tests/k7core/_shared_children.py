@@ -16,6 +16,17 @@ Modes:
     batches of 2-8), and after each call returned print ``O <seq> <offset> ...``: the first
     sequence number of the call and the offsets it returned. Close, print ``done``.
 
+``gated DIR FSYNC SEGMENT_SIZE WID SEED COUNT``
+    As ``write``, but after ``ready`` it prints ``pid <its pid as it sees itself>`` and waits
+    for a line on stdin before it appends (so that writers start together).
+
+``members DIR SEGMENT_SIZE``
+    A fleet of writer processes, forked from this one (fast: k7core is imported once). On
+    ``spawn N`` (stdin) it forks N members: each opens the queue with ``writers="shared"``
+    and ``fsync="flush"``, waits until its spare segment is on disk, prints ``ready <pid>
+    <spare file name>`` and sleeps until SIGKILLed. On ``reap N`` it waits for N members to
+    end and prints ``dead <pid>`` for each.
+
 ``syncloop DIR WID COUNT``
     Open the queue with ``writers="shared"`` and ``fsync="sync"``, print ``ready``, wait for a
     line on stdin, then ``enqueue`` messages ``(WID, 0) .. (WID, COUNT-1)`` one call each (a
@@ -37,6 +48,7 @@ Modes:
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import time
@@ -64,12 +76,18 @@ def parse_payload(data: bytes) -> tuple[int, int]:
     return int(wid), int(seq)
 
 
-def _write(argv: list[str]) -> None:
+def _write(argv: list[str], *, gated: bool = False) -> None:
     d, fsync, seg, wid_s, seed, count_s = argv
     wid, count = int(wid_s), int(count_s)
     rng = random.Random(int(seed))
     q = k7core.Queue(d, writers="shared", fsync=fsync, segment_size=int(seg))
     say("ready")
+    if gated:
+        w = q._writer
+        if w is not None and w._spare is not None:
+            w._spare._join()  # its spare is on disk
+        say(f"pid {os.getpid()}")
+        sys.stdin.readline()
     seq = 0
     while seq < count:
         if rng.random() < 0.5:
@@ -83,6 +101,28 @@ def _write(argv: list[str]) -> None:
             seq += n
     q.close()
     say("done")
+
+
+def _members(argv: list[str]) -> None:
+    d, seg = argv
+    for line in sys.stdin:
+        word, n = line.split()
+        for _ in range(int(n)):
+            if word == "reap":
+                pid, _status = os.wait()
+                say(f"dead {pid}")
+            elif os.fork() == 0:
+                _member(d, int(seg))
+
+
+def _member(d: str, seg: int) -> None:
+    q = k7core.Queue(d, writers="shared", fsync="flush", segment_size=seg)
+    w = q._writer
+    assert w is not None and w._spare is not None
+    w._spare._join()  # the spare is on disk
+    say(f"ready {os.getpid()} {w._spare_name}")
+    while True:
+        time.sleep(60)
 
 
 def _syncloop(argv: list[str]) -> None:
@@ -133,7 +173,11 @@ def _hold(argv: list[str]) -> None:
 
 def main() -> None:
     mode, *argv = sys.argv[1:]
-    {"write": _write, "syncloop": _syncloop, "holdsync": _holdsync, "hold": _hold}[mode](argv)
+    if mode == "gated":
+        _write(argv, gated=True)
+        return
+    {"write": _write, "syncloop": _syncloop, "holdsync": _holdsync, "hold": _hold,
+     "members": _members}[mode](argv)
 
 
 if __name__ == "__main__":

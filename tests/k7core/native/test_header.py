@@ -46,7 +46,7 @@ COUNTERPARTS: dict[str, int] = {
     "K7_RECOVER": _kernel.RECOVER,
     "K7_REMAP": _kernel.REMAP,
     "K7_SHARED_FILE_SIZE": _format.SHARED_FILE_SIZE,
-    "K7_SHARED_PIDS": _format.SHARED_PIDS,
+    "K7_SHARED_WRITERS": _format.SHARED_WRITERS,
 }
 
 _SYMBOLS = {"INT64_MAX": 2**63 - 1}

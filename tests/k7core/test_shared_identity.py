@@ -94,11 +94,12 @@ def test_dead_writers_are_forgotten_while_one_lives(tmp_path: Path) -> None:
         mine = [_spare_of(here)]
         for _ in range(waves):
             fleet.send(f"spawn {wave}")
-            pids, names = [], []
+            pids: list[int] = []
+            names: list[str] = []
             for _ in range(wave):
-                word, pid, name = fleet.line().split()
+                word, pid_s, name = fleet.line().split()
                 assert word == b"ready", fleet.stderr()
-                pids.append(int(pid))
+                pids.append(int(pid_s))
                 names.append(name.decode())
             # the joins forgot the writers of the last wave: only the live ones are left
             assert spares(qdir) == sorted(mine + names)

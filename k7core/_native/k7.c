@@ -417,6 +417,9 @@ struct k7_shared {
     uint32_t gather;         /* atomic: the arrivals the next msync's leader waits for */
     uint32_t gathering;      /* atomic: a leader sleeps on arrivals */
     int64_t sync_ns;         /* atomic: how long the last msync took */
+    uint32_t unlocks;        /* atomic futex word: bit 0 a waiter for mu may sleep, then a
+                                count of unlocks (see mu_lock) */
+    uint32_t pad_;
     k7_member members[K7_SHARED_WRITERS];  /* under mu: the writers (id 0: a free slot) */
 };
 
@@ -460,6 +463,45 @@ k7_shared *k7_shared_attach(uint8_t *map, int64_t len) {
     return s;
 }
 
+/* Wait for mu without ever sleeping inside pthread_mutex_lock. A robust mutex names its
+ * owner by thread id, and a process killed while it sleeps in pthread_mutex_lock leaves the
+ * kernel a pending lock that it checks against the dying thread's id: when the holder has
+ * that same id in its own PID namespace (both pid 1: containers sharing a volume), the
+ * kernel marks the live holder dead, and the next writer would recover its tail under it.
+ * So a waiter sleeps on `unlocks` between trylocks (bit 0 asks the unlocker for a wake); a
+ * holder's death wakes nobody there, hence the bounded sleep, after which the trylock gets
+ * EOWNERDEAD. */
+#define K7_LOCK_POLL_NS 10000000LL
+
+static int mu_lock(k7_shared *s) {
+    for (;;) {
+        uint32_t v = __atomic_or_fetch(&s->unlocks, 1u, __ATOMIC_SEQ_CST);
+        int rc = pthread_mutex_trylock(&s->mu);
+        if (rc != EBUSY) {
+            /* others may sleep still: this holder's unlock wakes the next */
+            __atomic_or_fetch(&s->unlocks, 1u, __ATOMIC_SEQ_CST);
+            return rc;
+        }
+#ifdef __linux__
+        futex_wait(&s->unlocks, v, K7_LOCK_POLL_NS, 0);
+#else
+        (void)v;
+        k7_sleep_ns(50000);
+#endif
+    }
+}
+
+static void mu_unlock(k7_shared *s) {
+    pthread_mutex_unlock(&s->mu);
+    uint32_t old = __atomic_fetch_add(&s->unlocks, 2u, __ATOMIC_SEQ_CST);
+    if (old & 1u) {
+        __atomic_and_fetch(&s->unlocks, ~1u, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+        futex_wake(&s->unlocks, 1, 0);
+#endif
+    }
+}
+
 /* Lock mu (block: wait; else K7_BUSY when taken) unless held; then check the state. */
 static int shared_enter(k7_writer *w, int block) {
     k7_shared *s = w->sh;
@@ -469,7 +511,7 @@ static int shared_enter(k7_writer *w, int block) {
             cpu_relax();
             rc = pthread_mutex_trylock(&s->mu);
         }
-        if (rc == EBUSY && block) rc = pthread_mutex_lock(&s->mu);
+        if (rc == EBUSY && block) rc = mu_lock(s);
         if (rc == EBUSY && !block) return K7_BUSY;
         if (rc == EOWNERDEAD) {
             pthread_mutex_consistent(&s->mu);
@@ -494,7 +536,7 @@ int k7_shared_lock(k7_writer *w) { return shared_enter(w, 1); }
 void k7_shared_release(k7_writer *w) {
     if (w->sh && w->held) {
         w->held = 0;
-        pthread_mutex_unlock(&w->sh->mu);
+        mu_unlock(w->sh);
     }
 }
 

@@ -27,6 +27,11 @@ Modes:
     <spare file name>`` and sleeps until SIGKILLed. On ``reap N`` it waits for N members to
     end and prints ``dead <pid>`` for each.
 
+``holdlock DIR WID``
+    Open the queue with ``writers="shared"`` and ``fsync="flush"``, enqueue ``(WID, 0)`` (an
+    ``O`` line), take the shared lock through the kernel and print ``held``; on a line on
+    stdin release it, enqueue ``(WID, 1)`` (an ``O`` line), close and print ``done``.
+
 ``syncloop DIR WID COUNT``
     Open the queue with ``writers="shared"`` and ``fsync="sync"``, print ``ready``, wait for a
     line on stdin, then ``enqueue`` messages ``(WID, 0) .. (WID, COUNT-1)`` one call each (a
@@ -125,6 +130,22 @@ def _member(d: str, seg: int) -> None:
         time.sleep(60)
 
 
+def _holdlock(argv: list[str]) -> None:
+    d, wid_s = argv
+    wid = int(wid_s)
+    q = k7core.Queue(d, writers="shared", fsync="flush")
+    say(f"O 0 {q.enqueue(shared_payload(wid, 0))}")
+    w = q._writer
+    assert w is not None
+    assert lib.k7_shared_lock(w.c) == 0, "the shared lock was not granted"
+    say("held")
+    sys.stdin.readline()
+    lib.k7_shared_release(w.c)
+    say(f"O 1 {q.enqueue(shared_payload(wid, 1))}")
+    q.close()
+    say("done")
+
+
 def _syncloop(argv: list[str]) -> None:
     d, wid_s, count_s = argv
     wid, count = int(wid_s), int(count_s)
@@ -177,7 +198,7 @@ def main() -> None:
         _write(argv, gated=True)
         return
     {"write": _write, "syncloop": _syncloop, "holdsync": _holdsync, "hold": _hold,
-     "members": _members}[mode](argv)
+     "members": _members, "holdlock": _holdlock}[mode](argv)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -22,9 +23,11 @@ import pytest
 
 import k7core
 from k7core._format import SHARED_FILE, SHARED_WRITERS, WRITER_LOCK
+from k7core._kernel import BUSY, lib
 from k7core.metrics import K7Collector
-from tests._childproc import Child
-from tests._queuehelp import read_records
+from tests._childproc import DEADLINE, Child
+from tests._queuehelp import poll_until, read_records
+from tests.k7core._shared_children import shared_payload
 from tests.k7core.test_shared_writers import PROGRAM, Writer, calls_of, check_log
 
 MIB4 = 4 << 20  # the smallest segment with a spare segment (SPARE_MIN_SIZE)
@@ -77,6 +80,64 @@ def test_writers_in_separate_pid_namespaces(tmp_path: Path) -> None:
     assert len(log) == 2 * count
     assert len(list(qdir.glob("seg-*.k7"))) >= 3
     assert spares(qdir) == []
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare --pid")
+def test_writer_killed_waiting_for_the_lock_in_another_pid_namespace(tmp_path: Path) -> None:
+    """Writer A (pid 1 in its namespace) holds the append lock; writer B (pid 1 in another)
+    sleeps waiting for it (its open enters the writers' table under it) and is SIGKILLed
+    there. A robust mutex names its owner by thread
+    id: had B slept inside pthread_mutex_lock, the kernel would have checked the lock's
+    owner id (1, A's) against the dying B's (1) and marked the live A dead, and the next
+    writer would have taken the lock from under A (EOWNERDEAD, a recovery of A's tail).
+    The lock stays A's: the next writer finds it busy, and the log stays whole."""
+    qdir = tmp_path / "q"
+    assert UNSHARE is not None
+    unshare = (UNSHARE, "--pid", "--fork")
+    with ExitStack() as stack:
+        c = stack.enter_context(k7core.Queue(qdir, writers="shared", fsync="flush"))
+        mine = [(0, [c.enqueue(shared_payload(0, 0))])]
+        a = stack.enter_context(Child("holdlock", str(qdir), "1", program=PROGRAM,
+                                      prefix=unshare))
+        holder = Writer(1, a)
+        holder.lines.append(a.line())
+        assert a.line() == b"held", a.stderr()
+        # B's open waits for the lock (to enter the writers' table)
+        b = stack.enter_context(Child("write", str(qdir), "flush", str(4096), "2", "2", "1",
+                                      program=PROGRAM, prefix=unshare))
+        inner = _only_child(b.proc.pid)  # B's python, as this namespace sees it
+        assert poll_until(lambda: _in_futex_wait(inner), DEADLINE), "B never waited"
+        os.kill(inner, signal.SIGKILL)
+        assert b.wait() != 0
+        assert c._writer is not None
+        rc = lib.k7_append(c._writer.c, b"x", 1)  # the fast path: a trylock, no wait
+        if rc != BUSY:
+            lib.k7_shared_release(c._writer.c)
+        assert rc == BUSY, f"the lock was taken from its live holder (append returned {rc})"
+        a.send("go")
+        holder.lines += [a.line(), a.line()]
+        assert holder.lines[-1] == b"done" and a.wait() == 0, a.stderr()
+        mine.append((1, [c.enqueue(shared_payload(0, 1))]))
+        assert c.stats().recovery_events == ()
+    log = check_log(qdir, {0: mine, 1: holder.calls()}, None, complete=True)
+    assert len(log) == 4
+
+
+def _only_child(pid: int) -> int:
+    """The one child process of ``pid`` (``unshare --fork``'s)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    assert poll_until(lambda: path.read_text().split() != [], DEADLINE)
+    (child,) = path.read_text().split()
+    return int(child)
+
+
+def _in_futex_wait(pid: int) -> bool:
+    """Whether the main thread of ``pid`` sleeps in a futex syscall."""
+    fields = Path(f"/proc/{pid}/syscall").read_text().split()
+    return bool(fields) and fields[0] == str(_SYS_FUTEX)
+
+
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(os.uname().machine, -1)
 
 
 def test_dead_writers_are_forgotten_while_one_lives(tmp_path: Path) -> None:
@@ -227,3 +288,35 @@ def test_exclusive_writer_lock_lost(tmp_path: Path) -> None:
             a.enqueue(b"b")
         with pytest.raises(k7core.LockFileLostError):
             a.close()
+
+
+def test_state_of_another_layout(tmp_path: Path) -> None:
+    """``k7py-writers`` of another layout (earlier versions named writers by pid: layout 3):
+    refused while a writer holds it, made anew by the first writer when none does (which
+    also deletes the pid-named spares those versions left)."""
+    qdir = tmp_path / "q"
+    version_at, old = 16, (3).to_bytes(4, sys.byteorder)  # magic, size, then the version
+    with k7core.Queue(qdir, writers="shared", fsync="flush", segment_size=MIB4) as a:
+        first = a.enqueue(b"a")
+        fd = os.open(qdir / SHARED_FILE, os.O_RDWR)
+        try:
+            mine = os.pread(fd, 4, version_at)
+            os.pwrite(fd, old, version_at)
+            with pytest.raises(k7core.StorageError, match="version") as exc:
+                k7core.Queue(qdir, writers="shared", fsync="flush", segment_size=MIB4)
+            assert "close every writer" in (exc.value.hint or "")
+            os.pwrite(fd, mine, version_at)
+        finally:
+            os.close(fd)
+    fd = os.open(qdir / SHARED_FILE, os.O_RDWR)
+    try:
+        os.pwrite(fd, old, version_at)
+    finally:
+        os.close(fd)
+    (qdir / "k7py-spare-12345.seg").write_bytes(bytes(4096))
+    with k7core.Queue(qdir, writers="shared", fsync="flush", segment_size=MIB4) as b:
+        second = b.enqueue(b"b")
+        theirs = _spare_of(b)
+        assert spares(qdir) == [theirs]  # not the pid-named one
+    with k7core.Queue(qdir, readonly=True) as ro:
+        assert read_records(ro, 0) == [(first, b"a"), (second, b"b")]

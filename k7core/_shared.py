@@ -258,6 +258,12 @@ class SharedWriters:
     def state(self) -> SharedState:
         return read_state(self.sh)
 
+    def holder_pid(self) -> int | None:
+        """The pid (as it sees itself) of the writer that holds the append lock now, None
+        when none does or it is not known: for messages only, never for identity."""
+        slot = int(lib.k7_shared_holder(self.sh)) if self.sh != ffi.NULL else -1
+        return next((m.pid for m in read_members(self.sh) if m.slot == slot), None)
+
     def check_files(self) -> None:
         """Raise LockFileLostError if ``k7py-writers`` or ``k7py-writer.lock`` is no longer
         the file this writer holds (deleted or replaced): a writer opening now would take

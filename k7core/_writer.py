@@ -99,8 +99,9 @@ class SegmentWriter:
         w.pub = log_view.pub
         w.mode = options.fsync.code
         w.max_frame = options.segment_size
+        w.slot = -1
         if shared is not None:
-            w.sh = shared.sh
+            w.sh, w.slot = shared.sh, shared.slot
         self.fa = Appender(address(w))
         seg = self._path / segment_name(tail.base)
         if shared is None or shared.first:

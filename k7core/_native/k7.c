@@ -419,7 +419,7 @@ struct k7_shared {
     int64_t sync_ns;         /* atomic: how long the last msync took */
     uint32_t unlocks;        /* atomic futex word: bit 0 a waiter for mu may sleep, then a
                                 count of unlocks (see mu_lock) */
-    uint32_t pad_;
+    int32_t holder;          /* atomic: slot + 1 of mu's holder (0: none, or not known) */
     k7_member members[K7_SHARED_WRITERS];  /* under mu: the writers (id 0: a free slot) */
 };
 
@@ -524,6 +524,7 @@ static int shared_enter(k7_writer *w, int block) {
             return K7_EIO;
         }
         w->held = 1;
+        __atomic_store_n(&s->holder, w->slot + 1, __ATOMIC_RELAXED);
     }
     if (s->recover) return K7_RECOVER;
     if (s->base != w->base) return K7_REMAP;
@@ -536,6 +537,7 @@ int k7_shared_lock(k7_writer *w) { return shared_enter(w, 1); }
 void k7_shared_release(k7_writer *w) {
     if (w->sh && w->held) {
         w->held = 0;
+        __atomic_store_n(&w->sh->holder, 0, __ATOMIC_RELAXED);
         mu_unlock(w->sh);
     }
 }
@@ -794,6 +796,10 @@ void k7_shared_members(const k7_shared *s, k7_member *out) {
         out[i].pid = __atomic_load_n(&s->members[i].pid, __ATOMIC_RELAXED);
         out[i].pad_ = 0;
     }
+}
+
+int32_t k7_shared_holder(const k7_shared *s) {
+    return __atomic_load_n(&s->holder, __ATOMIC_RELAXED) - 1;
 }
 
 #ifdef F_OFD_SETLK

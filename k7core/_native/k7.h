@@ -99,7 +99,7 @@ typedef struct {
     int64_t sync_hist[40]; /* msyncs by duration: bucket k counts those of [2^(k-1), 2^k) ns */
     k7_shared *sh;       /* shared writers: the directory's shared state; NULL: exclusive */
     int32_t held;        /* shared writers: this writer holds sh's lock */
-    int32_t pad_;
+    int32_t slot;        /* shared writers: this writer's slot in sh's table (-1: none) */
 } k7_writer;
 
 /* Cursor state: one per consumer group (process-private). */
@@ -210,6 +210,9 @@ void k7_shared_recovered(k7_writer *w, int64_t pos);
 uint64_t k7_shared_set_member(k7_writer *w, int32_t i, const k7_member *m);
 /* A moment's view of the table (K7_SHARED_WRITERS entries; no lock taken). */
 void k7_shared_members(const k7_shared *s, k7_member *out);
+/* The slot of the writer that holds the append lock now, -1 when none does (a moment's
+ * view: for error messages, which name its pid). */
+int32_t k7_shared_holder(const k7_shared *s);
 
 /* Liveness without pids: a lock on byte `at` of the file open as `fd`, owned by that open
  * file (an OFD lock on Linux: dropped when it is closed or its process dies, in any PID

@@ -107,9 +107,10 @@ def test_writer_killed_waiting_for_the_lock_in_another_pid_namespace(tmp_path: P
                                       program=PROGRAM, prefix=unshare))
         inner = _only_child(b.proc.pid)  # B's python, as this namespace sees it
         assert poll_until(lambda: _in_futex_wait(inner), DEADLINE), "B never waited"
+        assert c._writer is not None and c._writer._shared is not None
+        assert c._writer._shared.holder_pid() == 1  # A, as it sees itself
         os.kill(inner, signal.SIGKILL)
         assert b.wait() != 0
-        assert c._writer is not None
         rc = lib.k7_append(c._writer.c, b"x", 1)  # the fast path: a trylock, no wait
         if rc != BUSY:
             lib.k7_shared_release(c._writer.c)
@@ -320,3 +321,20 @@ def test_state_of_another_layout(tmp_path: Path) -> None:
         assert spares(qdir) == [theirs]  # not the pid-named one
     with k7core.Queue(qdir, readonly=True) as ro:
         assert read_records(ro, 0) == [(first, b"a"), (second, b"b")]
+
+
+def test_holder_pid_names_the_holder_of_the_lock(tmp_path: Path) -> None:
+    """What waits name in their errors: the pid of the writer that holds the append lock."""
+    qdir = tmp_path / "q"
+    with k7core.Queue(qdir, writers="shared", fsync="flush") as here, \
+            Child("holdlock", str(qdir), "1", program=PROGRAM) as child:
+        assert here._writer is not None and here._writer._shared is not None
+        shared = here._writer._shared
+        assert shared.holder_pid() is None
+        assert child.line().startswith(b"O ") and child.line() == b"held", child.stderr()
+        assert shared.holder_pid() == child.proc.pid
+        child.send("go")
+        assert child.line().startswith(b"O ") and child.line() == b"done", child.stderr()
+        assert shared.holder_pid() is None
+        here.enqueue(b"mine")
+        assert shared.holder_pid() is None

@@ -145,7 +145,8 @@ def test_dead_writers_are_forgotten_while_one_lives(tmp_path: Path) -> None:
     """Writers of 4 MiB segments join and are SIGKILLed, a few at a time, while a writer of
     this process stays open: more of them than the table has slots. Each join frees the
     slots (and removes the spares) of the writers that died before it, so every join
-    succeeds, ``writer_pids`` names the live ones only, and no dead writer's spare stays."""
+    succeeds, ``writer_pids`` names the live ones only, and no dead writer's spare stays;
+    so does a roll."""
     qdir = tmp_path / "q"
     wave, waves = 6, (SHARED_WRITERS + 12) // 6
     with (
@@ -171,6 +172,12 @@ def test_dead_writers_are_forgotten_while_one_lives(tmp_path: Path) -> None:
             fleet.send(f"reap {wave}")
             assert sorted(int(fleet.line().split()[1]) for _ in pids) == sorted(pids)
         assert here.stats().writer_pids == (os.getpid(),)  # the dead are not listed
+        assert len(spares(qdir)) == 1 + wave  # the last wave's: no join came after it
+        for _ in range(5):  # a roll: it frees them too
+            here.enqueue(bytes(1 << 20))
+        assert len(list(qdir.glob("seg-*.k7"))) >= 2
+        assert _spare_of(here) == mine[0]  # its next spare, on disk
+        assert spares(qdir) == mine
         with k7core.Queue(qdir, writers="shared", fsync="flush", segment_size=MIB4) as late:
             theirs = _spare_of(late)
             assert spares(qdir) == sorted([*mine, theirs])
@@ -178,8 +185,8 @@ def test_dead_writers_are_forgotten_while_one_lives(tmp_path: Path) -> None:
         assert spares(qdir) == mine
     with k7core.Queue(qdir, readonly=True) as ro:
         log = read_records(ro, 0)
-    assert [p for _, p in log] == [b"first", b"late", b"here"]
-    assert [o for o, _ in log[1:]] == offs
+    assert [p for _, p in log] == [b"first", *[bytes(1 << 20)] * 5, b"late", b"here"]
+    assert [o for o, _ in log[-2:]] == offs
 
 
 def _spare_of(q: k7core.Queue) -> str:

@@ -28,7 +28,6 @@ from ._format import (
     MAX_OFFSET,
     POSITION_FILE,
     POSITION_FILE_SIZE,
-    SHARED_FILE,
     WRITER_LOCK,
     Fsync,
     segment_name,
@@ -42,7 +41,14 @@ from ._reader import count_frames, lag_messages
 from ._recovery import recover
 from ._resource import Resource
 from ._retention import Retention, lock_drained, remove_queue_files
-from ._shared import SharedWriters, lost_lock, shared_live, shared_pids, writer_live
+from ._shared import (
+    Presence,
+    SharedWriters,
+    lost_lock,
+    shared_live,
+    shared_pids,
+    writer_live,
+)
 from ._stats import (
     GroupInfo,
     LockTable,
@@ -87,6 +93,7 @@ class _Resources:
         self.writer: SegmentWriter | None = None
         self.bulk: BulkReader | None = None
         self.shared: SharedWriters | None = None
+        self.presence: Presence | None = None
 
     def release(self) -> None:
         if self.log is not None:
@@ -100,6 +107,8 @@ class _Resources:
         if self.pos_map is not None:
             self.pos_map.close()
             self.pos_map = None
+        if self.presence is not None:  # before the writer lock: see Presence.drop
+            self.presence.close()
         if self.lock_fd >= 0:
             os.close(self.lock_fd)
             self.lock_fd = -1
@@ -266,9 +275,12 @@ class Queue(Resource):
                 )
             if not same_file(fd, path / WRITER_LOCK):
                 raise lost_lock(path, f"{WRITER_LOCK} was replaced while this writer opened")
-            if not shared and shared_live(path):  # they hold a writer lock deleted since
-                raise lost_lock(path, f"shared writers hold {SHARED_FILE} but not "
-                                f"{WRITER_LOCK}: it was deleted or replaced under them")
+            presence = self._r.presence = Presence(path)
+            if not shared:
+                if presence.others():  # they hold a writer lock deleted since
+                    raise lost_lock(path, "another writer holds the queue, but not "
+                                    f"{WRITER_LOCK}: it was deleted or replaced under it")
+                presence.take()
         lg = self._log = self._r.log = self._open_log()
         self._r.bulk = self._bulk = BulkReader(lg)
         if readonly:
@@ -278,7 +290,9 @@ class Queue(Resource):
             return
         retention = self._retention = Retention(lg, self._opts)
         if self._opts.writers == "shared":
-            sw = self._r.shared = SharedWriters(path, self._opts, self._r.lock_fd)
+            assert self._r.presence is not None
+            sw = self._r.shared = SharedWriters(path, self._opts, self._r.lock_fd,
+                                                self._r.presence)
             with sw.joining():
                 if sw.enter():  # the first: recovers the log as an exclusive writer does
                     tail = recover(path, self._opts, self._events)

@@ -3,8 +3,8 @@ every writing process maps.
 
 - Each shared writer holds a shared flock on the writer lock (so no exclusive writer opens
   while it lives, and it cannot open while one does), a shared flock on ``k7py-writers``
-  (shared writers live), and a shared byte lock on ``k7py-writer.lock`` (a writer of the
-  directory lives, whatever ``k7py-writers`` became).
+  (shared writers live), and, as every writer does, its :class:`Presence` in the directory
+  (a writer lives, whatever the lock files became).
 - A writer's identity is a random 64-bit id, never its pid: pids repeat across PID
   namespaces (two containers sharing a volume both run pid 1). It holds slot ``i`` of the
   state's table by an exclusive byte lock on byte ``SHARED_FILE_SIZE + i`` of
@@ -60,7 +60,6 @@ from ._storage import (
 )
 
 SLOT_BASE = SHARED_FILE_SIZE  # the writer in slot i locks byte SLOT_BASE + i of k7py-writers
-PRESENCE = 0  # every shared writer holds a shared lock on this byte of k7py-writer.lock
 _JOIN_TRIES = 8  # k7py-writers.lock replaced between our open and our flock: open it again
 
 
@@ -111,14 +110,46 @@ def slot_held(fd: int, slot: int) -> bool:
     return int(lib.k7_range_held(fd, SLOT_BASE + slot)) != 0
 
 
-def _others_present(lock_fd: int) -> bool:
-    """Whether other shared writers hold their presence lock on the writer lock. Looked at
-    again a few times: a writer that just died may still be closing its files."""
-    for delay in (0.0, 0.001, 0.005, 0.02):
-        time.sleep(delay)
-        if int(lib.k7_range_held(lock_fd, PRESENCE)) != 1:
-            return False
-    return True
+class Presence:
+    """A writer's presence in its queue directory: every writer, exclusive or shared, holds
+    a shared byte lock on the directory itself, which nobody can replace while it holds
+    files. A writer that takes the writer lock (or finds ``k7py-writers`` free) and still
+    finds another writer present knows that lock file was deleted or replaced under it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = open_fd(path, os.O_RDONLY | os.O_DIRECTORY)
+        self._held = False
+
+    def others(self) -> bool:
+        """Whether another writer is present. Looked at again a few times: a writer that
+        just died or closed may still be closing its files."""
+        for delay in (0.0, 0.001, 0.005, 0.02):
+            time.sleep(delay)
+            if int(lib.k7_range_held(self._fd, 0)) != 1:
+                return False
+        return True
+
+    def take(self) -> None:
+        rc = int(lib.k7_range_lock(self._fd, 0, 0))
+        if rc:
+            raise StorageError(f"cannot lock the queue directory {self.path}: "
+                               f"{os.strerror(rc)}", errno_=rc, path=self.path)
+        self._held = True
+
+    def drop(self) -> None:
+        """Leave (before the writer's other locks go, so that whoever finds them free
+        finds no presence either). Idempotent."""
+        if self._held:
+            self._held = False
+            lib.k7_range_unlock(self._fd, 0)
+
+    def close(self) -> None:
+        """Drop the presence and the directory's descriptor. Idempotent."""
+        self._held = False
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def pid_namespace() -> int:
@@ -141,15 +172,17 @@ def lost_lock(path: Path, what: str) -> LockFileLostError:
 class SharedWriters:
     """This process's membership in the shared writers of ``path``: the flocks, its slot and
     the map of the state. :meth:`join` under the join lock; :meth:`leave` (idempotent) at
-    close. ``lock_fd``: the writer lock the queue holds (shared)."""
+    close. ``lock_fd``: the writer lock the queue holds (shared); ``presence``: the
+    queue's, taken when this writer joins."""
 
-    def __init__(self, path: Path, options: QueueOptions, lock_fd: int) -> None:
+    def __init__(self, path: Path, options: QueueOptions, lock_fd: int, presence: Presence,
+                 ) -> None:
         self.path = path
         self._opts = options
         self._lock_fd = lock_fd
         self._fd = -1
         self._map: Mapping | None = None
-        self._present = False
+        self._presence = presence
         self.sh: Any = ffi.NULL
         self.first = False
         self.id = secrets.randbits(64) or 1
@@ -183,9 +216,9 @@ class SharedWriters:
         if not self.first:
             fcntl.flock(fd, fcntl.LOCK_SH)  # the others hold it shared: granted at once
         self.check_files()
-        if self.first and _others_present(self._lock_fd):
-            raise lost_lock(self.path, f"shared writers hold {WRITER_LOCK} but not {SHARED_FILE}: "
-                        "it was deleted or replaced under them")
+        if self.first and self._presence.others():
+            raise lost_lock(self.path, f"other writers hold the queue, but not {SHARED_FILE}: "
+                            "it was deleted or replaced under them")
         self._claim()
         self._map = Mapping(fd, SHARED_FILE_SIZE, writable=True)
         if self.first:
@@ -212,7 +245,7 @@ class SharedWriters:
 
     def _claim(self) -> None:
         """Take the first slot whose byte lock is free (its last writer, if any, is dead),
-        and the presence lock on the writer lock."""
+        and the presence."""
         for i in range(SHARED_WRITERS):
             rc = int(lib.k7_range_lock(self._fd, SLOT_BASE + i, 1))
             if rc == 0:
@@ -226,11 +259,7 @@ class SharedWriters:
                 f"queue {self.path} has {SHARED_WRITERS} live shared writers already",
                 path=self.path, hint="close some of them (at most that many at once)",
             )
-        rc = int(lib.k7_range_lock(self._lock_fd, PRESENCE, 0))
-        if rc:
-            raise StorageError(f"cannot lock {self.path / WRITER_LOCK}: {os.strerror(rc)}",
-                               errno_=rc, path=self.path / WRITER_LOCK)
-        self._present = True
+        self._presence.take()
 
     def init(self, base: int, pos: int) -> None:
         """The first writer, after recovery: make the state (the log ends at base + pos)."""
@@ -331,9 +360,7 @@ class SharedWriters:
             self._map.close()
             self._map = None
         self.sh = ffi.NULL
-        if self._present:
-            self._present = False
-            lib.k7_range_unlock(self._lock_fd, PRESENCE)
+        self._presence.drop()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

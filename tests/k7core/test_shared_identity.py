@@ -283,13 +283,17 @@ def test_writer_lock_lost_under_live_writers(tmp_path: Path, how: str) -> None:
     assert first < second < third
 
 
-def test_exclusive_writer_lock_lost(tmp_path: Path) -> None:
-    """An exclusive writer whose ``k7py-writer.lock`` is deleted stops at its next
-    ``sync()`` (a second exclusive writer could have opened on the new file)."""
+@pytest.mark.parametrize("how", ["delete", "replace"])
+def test_exclusive_writer_lock_lost(tmp_path: Path, how: str) -> None:
+    """An exclusive writer whose ``k7py-writer.lock`` is deleted or replaced: a second
+    exclusive writer opening now takes the new file's lock, then finds the first present in
+    the directory and is refused; the first stops at its next ``sync()``."""
     qdir = tmp_path / "q"
     with k7core.Queue(qdir, fsync="flush") as a:
         a.enqueue(b"a")
-        (qdir / WRITER_LOCK).unlink()
+        _replace(qdir / WRITER_LOCK, how)
+        with pytest.raises(k7core.LockFileLostError, match=WRITER_LOCK):
+            k7core.Queue(qdir, fsync="flush")
         with pytest.raises(k7core.LockFileLostError, match="deleted or replaced"):
             a.sync()
         with pytest.raises(k7core.LockFileLostError):

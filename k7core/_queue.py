@@ -41,14 +41,7 @@ from ._reader import count_frames, lag_messages
 from ._recovery import recover
 from ._resource import Resource
 from ._retention import Retention, lock_drained, remove_queue_files
-from ._shared import (
-    Presence,
-    SharedWriters,
-    lost_lock,
-    shared_live,
-    shared_pids,
-    writer_live,
-)
+from ._shared import Presence, SharedWriters, shared_live, shared_pids, writer_live, writer_presence
 from ._stats import (
     GroupInfo,
     LockTable,
@@ -67,7 +60,6 @@ from ._storage import (
     list_segments,
     open_fd,
     preallocate,
-    same_file,
     try_lock,
 )
 from ._writer import SegmentWriter
@@ -273,14 +265,7 @@ class Queue(Resource):
                     f"queue {path} is locked by another writer", path=path,
                     hint="close the other Queue, or open this one with readonly=True",
                 )
-            if not same_file(fd, path / WRITER_LOCK):
-                raise lost_lock(path, f"{WRITER_LOCK} was replaced while this writer opened")
-            presence = self._r.presence = Presence(path)
-            if not shared:
-                if presence.others():  # they hold a writer lock deleted since
-                    raise lost_lock(path, "another writer holds the queue, but not "
-                                    f"{WRITER_LOCK}: it was deleted or replaced under it")
-                presence.take()
+            self._r.presence = writer_presence(path, fd, shared=shared)
         lg = self._log = self._r.log = self._open_log()
         self._r.bulk = self._bulk = BulkReader(lg)
         if readonly:

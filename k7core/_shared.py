@@ -169,6 +169,26 @@ def lost_lock(path: Path, what: str) -> LockFileLostError:
     )
 
 
+def writer_presence(path: Path, lock_fd: int, *, shared: bool) -> Presence:
+    """A writer that holds the writer lock ``lock_fd``: check that it is the directory's,
+    and (an exclusive writer) that no other writer is present, which would mean that the
+    lock file was deleted or replaced under it; then take the presence (a shared writer
+    takes it when it joins)."""
+    if not same_file(lock_fd, path / WRITER_LOCK):
+        raise lost_lock(path, f"{WRITER_LOCK} was replaced while this writer opened")
+    presence = Presence(path)
+    try:
+        if not shared:
+            if presence.others():
+                raise lost_lock(path, "another writer holds the queue, but not "
+                                f"{WRITER_LOCK}: it was deleted or replaced under it")
+            presence.take()
+    except BaseException:
+        presence.close()
+        raise
+    return presence
+
+
 class SharedWriters:
     """This process's membership in the shared writers of ``path``: the flocks, its slot and
     the map of the state. :meth:`join` under the join lock; :meth:`leave` (idempotent) at

@@ -24,8 +24,8 @@ Modes:
     A fleet of writer processes, forked from this one (fast: k7core is imported once). On
     ``spawn N`` (stdin) it forks N members: each opens the queue with ``writers="shared"``
     and ``fsync="flush"``, waits until its spare segment is on disk, prints ``ready <pid>
-    <spare file name>`` and sleeps until SIGKILLed. On ``reap N`` it waits for N members to
-    end and prints ``dead <pid>`` for each.
+    <spare file name>`` and sleeps until SIGKILLed (or this process ends). On ``reap N`` it
+    waits for N members to end and prints ``dead <pid>`` for each.
 
 ``holdlock DIR WID``
     Open the queue with ``writers="shared"`` and ``fsync="flush"``, enqueue ``(WID, 0)`` (an
@@ -53,8 +53,10 @@ Modes:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
+import signal
 import sys
 import time
 
@@ -121,6 +123,7 @@ def _members(argv: list[str]) -> None:
 
 
 def _member(d: str, seg: int) -> None:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: it ends with the fleet
     q = k7core.Queue(d, writers="shared", fsync="flush", segment_size=seg)
     w = q._writer
     assert w is not None and w._spare is not None

@@ -183,6 +183,20 @@ def try_lock(fd: int, *, exclusive: bool = True) -> bool:
     return True
 
 
+def same_file(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is still the file named ``path`` (neither deleted nor
+    replaced): a lock held on a file no longer in the directory guards nothing."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise StorageError(f"cannot stat {path}: {exc.strerror}", errno_=exc.errno or 0,
+                           path=path) from exc
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
 def lock_is_free(path: Path) -> bool:
     """True when nobody holds an exclusive flock on ``path`` (tested without keeping it)."""
     try:

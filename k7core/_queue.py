@@ -260,7 +260,7 @@ class Queue(Resource):
                         hint="close it, or open every writer of the queue with "
                         "writers='shared'",
                     )
-                if shared_live(path):
+                if shared_live(path, self._opts.lock_timeout):
                     raise QueueLockedError(
                         f"queue {path} is written by shared writers", path=path,
                         hint="open this one with writers='shared' too, or readonly=True",
@@ -274,7 +274,7 @@ class Queue(Resource):
         self._r.bulk = self._bulk = BulkReader(lg)
         if readonly:
             bases = lg.segment_bases(refresh=True)
-            if bases and not writer_live(path):
+            if bases and not writer_live(path, self._opts.lock_timeout):
                 lg.floor_end = bases[-1] + frames_end(path / segment_name(bases[-1]))
             return
         retention = self._retention = Retention(lg, self._opts)

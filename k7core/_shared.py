@@ -46,12 +46,13 @@ from ._format import (
     shared_spare_name,
 )
 from ._kernel import ffi, lib
-from ._options import QueueOptions
+from ._options import DEFAULT_LOCK_TIMEOUT, QueueOptions
 from ._recovery import Tail
 from ._storage import (
     Mapping,
     list_segments,
     lock_is_free,
+    lock_within,
     map_file,
     open_fd,
     preallocate,
@@ -217,7 +218,7 @@ class SharedWriters:
         for _ in range(_JOIN_TRIES):
             fd = open_fd(path, os.O_RDWR | os.O_CREAT, self._opts.file_mode)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                lock_within(fd, path, self._opts.lock_timeout, "the shared writers' join lock")
                 if same_file(fd, path):
                     yield
                     return
@@ -386,21 +387,23 @@ class SharedWriters:
             self._fd = -1
 
 
-def writer_live(path: Path) -> bool:
+def writer_live(path: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> bool:
     """Whether any writer holds the queue in ``path``: an exclusive one (its flock on the
     writer lock) or shared ones (theirs on the state file, probed under the join lock, so
-    that the probe can never make a joining writer take itself for the first)."""
-    return not lock_is_free(path / WRITER_LOCK) or shared_live(path)
+    that the probe can never make a joining writer take itself for the first; waited for
+    at most ``timeout`` seconds)."""
+    return not lock_is_free(path / WRITER_LOCK) or shared_live(path, timeout)
 
 
-def shared_live(path: Path) -> bool:
-    """Whether shared writers hold the queue in ``path``."""
+def shared_live(path: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> bool:
+    """Whether shared writers hold the queue in ``path`` (probed under the join lock, waited
+    for at most ``timeout`` seconds)."""
     try:
         lock = open_fd(path / SHARED_LOCK, os.O_RDONLY)
     except StorageError:
         return False  # no shared writer ever opened the queue
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock_within(lock, path / SHARED_LOCK, timeout, "the shared writers' join lock")
         try:
             fd = open_fd(path / SHARED_FILE, os.O_RDONLY)
         except StorageError:

@@ -19,6 +19,7 @@ from ._errors import IntegrityError as IntegrityError
 from ._errors import InvalidNameError as InvalidNameError
 from ._errors import K7Error as K7Error
 from ._errors import LockedError as LockedError
+from ._errors import LockFileLostError as LockFileLostError
 from ._errors import LockTimeoutError as LockTimeoutError
 from ._errors import MessageTooLargeError as MessageTooLargeError
 from ._errors import NotAQueueError as NotAQueueError
@@ -60,6 +61,7 @@ __all__ = [
     "IntegrityError",
     "InvalidNameError",
     "K7Error",
+    "LockFileLostError",
     "LockTimeoutError",
     "LockedError",
     "Message",

@@ -46,6 +46,14 @@ class QueueLockedError(LockedError):
     """Another writer (this process or another) holds the queue's writer lock."""
 
 
+class LockFileLostError(QueueLockedError):
+    """A lock file of the queue (``k7py-writer.lock``, ``k7py-writers``) was deleted or
+    replaced while writers held it, so another writer could take the queue as free and hand
+    out the same offsets. The writer that finds it stops writing (at a roll, ``sync()``,
+    ``close()``, or when joining shared writers). Close every writer of the queue, then open
+    them again; never delete ``k7py-*`` files of an open queue."""
+
+
 class GroupBusyError(LockedError):
     """Another owner (this process or another) holds the consumer group's lock."""
 

@@ -45,9 +45,10 @@ SPARE_SEGMENT = "k7py-spare.seg"  # the next segment, being prepared (not a segm
 # with a shared flock by each live one, and the lock that serialises joining and leaving.
 SHARED_FILE = "k7py-writers"
 SHARED_FILE_SIZE: int = lib.K7_SHARED_FILE_SIZE
-SHARED_PIDS: int = lib.K7_SHARED_PIDS  # at most this many shared writer processes at once
+SHARED_WRITERS: int = lib.K7_SHARED_WRITERS  # at most this many shared writers at once
 SHARED_LOCK = "k7py-writers.lock"
-SHARED_SPARE_RE = re.compile(r"^k7py-spare-(\d+)\.seg$")  # each shared writer's own spare
+# each shared writer's own spare, named by its random id (earlier versions: by pid, digits)
+SHARED_SPARE_RE = re.compile(r"^k7py-spare-([0-9a-f]{16}|\d+)\.seg$")
 WRITERS = ("exclusive", "shared")
 SPARE_MIN_SIZE = 4 << 20  # smaller segments are created in place: that is cheap enough
 MAX_GROUP_NAME_BYTES = 200
@@ -129,9 +130,9 @@ def orphaned_name(base: int) -> str:
     return f"{OWN_PREFIX}orphaned-{segment_name(base)}"
 
 
-def shared_spare_name(pid: int) -> str:
-    """The spare segment a shared writer process prepares (each its own)."""
-    return f"{OWN_PREFIX}spare-{pid}.seg"
+def shared_spare_name(writer_id: int) -> str:
+    """The spare segment a shared writer prepares (each its own, named by its random id)."""
+    return f"{OWN_PREFIX}spare-{writer_id:016x}.seg"
 
 
 def queue_file(name: str) -> bool:

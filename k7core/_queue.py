@@ -17,6 +17,7 @@ from ._checks import check_int, check_timeout, message_list
 from ._columnar import BulkReader, ColumnarBatch
 from ._errors import (
     ClosedError,
+    LockFileLostError,
     NotAQueueError,
     QueueLockedError,
     ReadOnlyError,
@@ -40,7 +41,7 @@ from ._reader import count_frames, lag_messages
 from ._recovery import recover
 from ._resource import Resource
 from ._retention import Retention, lock_drained, remove_queue_files
-from ._shared import SharedWriters, shared_live, shared_pids, writer_live
+from ._shared import Presence, SharedWriters, shared_live, shared_pids, writer_live, writer_presence
 from ._stats import (
     GroupInfo,
     LockTable,
@@ -83,6 +84,7 @@ class _Resources:
         self.writer: SegmentWriter | None = None
         self.bulk: BulkReader | None = None
         self.shared: SharedWriters | None = None
+        self.presence: Presence | None = None
 
     def release(self) -> None:
         if self.log is not None:
@@ -93,6 +95,8 @@ class _Resources:
             self.writer.release()
         if self.shared is not None:
             self.shared.leave()
+        if self.presence is not None:  # before the writer lock: see Presence.drop
+            self.presence.close()
         if self.lock_fd >= 0:
             os.close(self.lock_fd)
             self.lock_fd = -1
@@ -256,7 +260,7 @@ class Queue(Resource):
                         hint="close it, or open every writer of the queue with "
                         "writers='shared'",
                     )
-                if shared_live(path):
+                if shared_live(path, self._opts.lock_timeout):
                     raise QueueLockedError(
                         f"queue {path} is written by shared writers", path=path,
                         hint="open this one with writers='shared' too, or readonly=True",
@@ -265,16 +269,19 @@ class Queue(Resource):
                     f"queue {path} is locked by another writer", path=path,
                     hint="close the other Queue, or open this one with readonly=True",
                 )
+            self._r.presence = writer_presence(path, fd, shared=shared)
         lg = self._log = self._r.log = self._open_log()
         self._r.bulk = self._bulk = BulkReader(lg)
         if readonly:
             bases = lg.segment_bases(refresh=True)
-            if bases and not writer_live(path):
+            if bases and not writer_live(path, self._opts.lock_timeout):
                 lg.floor_end = bases[-1] + frames_end(path / segment_name(bases[-1]))
             return
         retention = self._retention = Retention(lg, self._opts)
         if self._opts.writers == "shared":
-            sw = self._r.shared = SharedWriters(path, self._opts)
+            assert self._r.presence is not None
+            sw = self._r.shared = SharedWriters(path, self._opts, self._r.lock_fd,
+                                                self._r.presence)
             with sw.joining():
                 if sw.enter():  # the first: recovers the log as an exclusive writer does
                     tail = recover(path, self._opts, self._events)
@@ -290,7 +297,8 @@ class Queue(Resource):
             tail = recover(path, self._opts, self._events)
             lg.set_segment_bases(tail.bases)
             w = self._writer = self._r.writer = SegmentWriter(
-                lg, self._opts, tail, lambda incoming: retention.apply(w.base, incoming)
+                lg, self._opts, tail, lambda incoming: retention.apply(w.base, incoming),
+                lock_fd=self._r.lock_fd,
             )
         self._fa = w.fa
         with owned(w.fa), w.locked():
@@ -535,7 +543,7 @@ class Queue(Resource):
         if w is not None:
             try:
                 w.check_segment()
-            except StorageError as exc:
+            except (StorageError, LockFileLostError) as exc:
                 first_error = first_error or exc
             err = self._log.close()  # the background flush's last pass, and its errors
             err = w.close() or err

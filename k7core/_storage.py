@@ -8,11 +8,12 @@ import fcntl
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ._errors import StorageError
+from ._errors import LockTimeoutError, StorageError
 from ._format import FRAME_ALIGN, segment_base, segment_name
 from ._kernel import ffi, lib
 
@@ -181,6 +182,60 @@ def try_lock(fd: int, *, exclusive: bool = True) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+def lock_within(fd: int, path: Path, timeout: float, what: str) -> None:
+    """Take an exclusive flock on ``fd`` (the file ``path``), waiting at most ``timeout``
+    seconds: a holder that keeps a lock held for milliseconds longer than that is stopped
+    (SIGSTOP) or stuck, and a waiter must not wait for it forever. Past the timeout,
+    ``LockTimeoutError`` names the holder."""
+    deadline = time.monotonic() + timeout
+    sleep = 0.0005
+    while not try_lock(fd):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            pid = flock_holder(path)
+            who = f"process {pid}" if pid else "another process"
+            raise LockTimeoutError(
+                f"{what} {path} has been held by {who} for more than {timeout:g} s",
+                pid=pid or 0, path=path,
+                hint=f"that process is stopped or stuck: resume it (kill -CONT "
+                f"{pid or '<pid>'}) or end it; the lock is released when it dies",
+            )
+        time.sleep(min(sleep, left))
+        sleep = min(sleep * 2, 0.01)
+
+
+def flock_holder(path: Path) -> int | None:
+    """The pid of a process holding a ``flock`` on ``path`` now, read from ``/proc/locks``
+    (Linux; the pid as this process's namespace sees it), or None when unknown."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:
+        parts = line.split()  # "1: FLOCK ADVISORY WRITE <pid> <maj:min:inode> 0 EOF"
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == inode:
+            with contextlib.suppress(ValueError):
+                return int(parts[4])
+    return None
+
+
+def same_file(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is still the file named ``path`` (neither deleted nor
+    replaced): a lock held on a file no longer in the directory guards nothing."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise StorageError(f"cannot stat {path}: {exc.strerror}", errno_=exc.errno or 0,
+                           path=path) from exc
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def lock_is_free(path: Path) -> bool:

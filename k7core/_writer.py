@@ -15,15 +15,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import ClosedError, LockTimeoutError, QueueLockedError, StorageError
+from ._errors import ClosedError, LockFileLostError, LockTimeoutError, StorageError
 from ._format import (
-    SHARED_PIDS,
     SPARE_MIN_SIZE,
     SPARE_SEGMENT,
+    WRITER_LOCK,
     Fsync,
     orphaned_name,
     segment_name,
-    shared_spare_name,
 )
 from ._kernel import (
     BADOFFSETS,
@@ -43,7 +42,7 @@ from ._log import LogView
 from ._native._fast import CLOSED, Appender
 from ._options import QueueOptions
 from ._recovery import Tail, cut_tail, discard_stray, msync_range
-from ._shared import SharedWriters
+from ._shared import SharedWriters, lost_lock
 from ._stats import RecoveryEvent
 from ._storage import (
     SpareSegment,
@@ -53,6 +52,7 @@ from ._storage import (
     list_segments,
     map_file,
     open_fd,
+    same_file,
     valid_end,
 )
 
@@ -74,14 +74,17 @@ class SegmentWriter:
     directory's shared lock: the kernel takes it on the fast path and returns BUSY, RECOVER,
     REMAP or NOFIT with it held (or to be waited for), and the slow paths here fix the cause
     under it, then release it (``k7_shared_release``, a no-op for an exclusive writer).
-    ``tail`` is then where the log ended when this writer joined."""
+    ``tail`` is then where the log ended when this writer joined. ``lock_fd``: the writer
+    lock the queue holds, checked at every roll, ``sync()`` and ``close()``."""
 
     def __init__(
         self, log_view: LogView, options: QueueOptions, tail: Tail,
         retain: Callable[[int], list[int]],
         *, shared: SharedWriters | None = None, events: list[RecoveryEvent] | None = None,
+        lock_fd: int = -1,
     ) -> None:
         self._log = log_view
+        self._lock_fd = lock_fd
         self._shared = shared
         self._events = events if events is not None else []
         self._opts = options
@@ -90,7 +93,8 @@ class SegmentWriter:
         self._closed = False
         self._spare: SpareSegment | None = None
         self._seg_id: tuple[int, int] | None = None  # (device, inode) of the segment written
-        self._seg_lost: StorageError | None = None  # that file was deleted or replaced
+        # the segment file, or a lock file (LockFileLostError), was deleted or replaced
+        self._seg_lost: StorageError | LockFileLostError | None = None
         m = self._seg_map = tail.segment
         self._note_segment(tail.base)
         m.prefetch()
@@ -100,8 +104,9 @@ class SegmentWriter:
         w.pub = log_view.pub
         w.mode = options.fsync.code
         w.max_frame = options.segment_size
+        w.slot = -1
         if shared is not None:
-            w.sh = shared.sh
+            w.sh, w.slot = shared.sh, shared.slot
             w.pid = os.getpid()
             w.lock_timeout_ns = round(options.lock_timeout * 1e9)
         self.fa = Appender(address(w))
@@ -116,11 +121,11 @@ class SegmentWriter:
             w.bell = slot.bell
             slot.set_writer(w)
             log_view.set_written(self._written)
-        self._spare_name = SPARE_SEGMENT if shared is None else shared_spare_name(os.getpid())
+        self._spare_name = SPARE_SEGMENT if shared is None else shared.spare_name
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path / self._spare_name)  # one left by a crash
         if shared is not None:
-            self._register(os.getpid())
+            self._register(True)
         self._prepare_spare(prefault=False)
 
     # ------------------------------------------------------------------ state
@@ -273,6 +278,8 @@ class SegmentWriter:
                 if lib.k7_writer_sync(w):
                     self.raise_eio()
         self._remove_strays(int(w.base))
+        if self._shared is not None:
+            self._shared.sweep(w)  # dead writers' slots and spares
         dest = self._path / segment_name(new_base)
         spare, self._spare = self._spare, None
         m = spare.take(dest) if spare is not None else None
@@ -379,7 +386,8 @@ class SegmentWriter:
 
     def _raise_lock_timeout(self) -> None:
         """The shared lock stayed taken for ``lock_timeout`` (the kernel named its holder)."""
-        pid = process_of(int(self.c.holder))
+        assert self._shared is not None
+        pid = self._shared.holder_pid() or process_of(int(self.c.holder))
         who = f"process {pid}" if pid else "another process (its id is not known here)"
         raise LockTimeoutError(
             f"{who} held the shared writers' lock of {self._path} for more than "
@@ -422,7 +430,7 @@ class SegmentWriter:
         end = valid_end(self._seg_map, self._seg_map.size, state.pos)
         cut_tail(self._path, self._opts, self._seg_map, base, end, self._events)
         self._remove_strays(base)
-        dead = self._shared.remove_dead(w)
+        dead = self._shared.sweep(w)
         lib.k7_shared_recovered(w, end)
         log.warning("k7core: a shared writer of %s died holding its lock (dead writer "
                     "processes, the holder among them: %s); %d bytes of whole frames it wrote "
@@ -430,17 +438,16 @@ class SegmentWriter:
                     ", ".join(map(str, dead)) or "none left registered", end - state.pos,
                     base + end)
 
-    def _register(self, pid: int) -> None:
-        """Enter this process in the shared state's writers (``pid``), or leave it (0)."""
-        w = self.c
+    def _register(self, joining: bool) -> None:
+        """Enter this writer in the shared state's table (forgetting dead writers), or
+        leave it."""
+        assert self._shared is not None
         with self._released():
             self._hold()
-            old, new = (0, pid) if pid else (os.getpid(), 0)
-            if lib.k7_shared_swap_pid(w, old, new):
-                raise QueueLockedError(
-                    f"queue {self._path} has {SHARED_PIDS} shared writers already",
-                    path=self._path, hint="close some of them (at most that many at once)",
-                )
+            if joining:
+                self._shared.register(self.c)
+            else:
+                self._shared.unregister(self.c)
 
     # ------------------------------------------------------------------ the segment file
 
@@ -455,6 +462,7 @@ class SegmentWriter:
         run at every roll, ``sync()`` and ``close()``, not per message."""
         if self._seg_lost is not None:
             raise self._seg_lost
+        self._check_locks()
         w, m = self.c, self._seg_map
         if m.closed:
             return
@@ -491,6 +499,21 @@ class SegmentWriter:
         log.error("k7core: %s", self._seg_lost)
         raise self._seg_lost
 
+    def _check_locks(self) -> None:
+        """Stop writing (LockFileLostError, from then on) if a lock file this writer holds
+        was deleted or replaced: another writer could open as if the queue were free."""
+        try:
+            if self._shared is not None:
+                self._shared.check_files()
+            elif self._lock_fd >= 0 and not same_file(self._lock_fd, self._path / WRITER_LOCK):
+                raise lost_lock(self._path, f"{WRITER_LOCK} was deleted or replaced while "
+                                "this writer held it")
+        except LockFileLostError as exc:
+            self.c.err = errno.ESTALE  # the kernel refuses every later append
+            self._seg_lost = exc
+            log.error("k7core: %s", exc)
+            raise
+
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> int:
@@ -507,9 +530,9 @@ class SegmentWriter:
             err = int(lib.k7_writer_sync(self.c)) or int(self.c.err)
         if self._shared is not None:
             try:
-                self._register(0)
-            except LockTimeoutError as exc:  # close anyway; its entry stays in the writers
-                log.warning("k7core: closing %s without leaving the shared writers' list: "
+                self._register(False)
+            except LockTimeoutError as exc:  # close anyway: its slot frees when it is gone
+                log.warning("k7core: closing %s without leaving the shared writers' table: "
                             "%s", self._path, exc)
             except StorageError:  # a dead state: nobody to tell
                 pass

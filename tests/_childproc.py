@@ -30,12 +30,13 @@ DEADLINE = 120.0
 class Child:
     """A child process speaking lines on stdin/stdout; SIGKILLed and reaped on exit. Every
     wait on it is bounded by ``DEADLINE``. ``program``: the module it runs (default
-    ``tests._children``)."""
+    ``tests._children``); ``prefix``: a command that runs it (such as ``unshare``)."""
 
-    def __init__(self, *args: str, program: str = CHILDREN) -> None:
+    def __init__(self, *args: str, program: str = CHILDREN, prefix: tuple[str, ...] = (),
+                 ) -> None:
         self.err = tempfile.TemporaryFile()  # noqa: SIM115 (closed in __exit__)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", program, *args],
+            [*prefix, sys.executable, "-m", program, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.err,

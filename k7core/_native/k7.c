@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 #include <sys/mman.h>
+#include <fcntl.h>
 #include <unistd.h>
 #ifdef __linux__
 #include <linux/futex.h>
@@ -411,7 +412,7 @@ struct k7_shared {
     int64_t end;             /* atomic: base + pos */
     int64_t synced;          /* atomic, only grows: the end of msync'd frames */
     int32_t recover;         /* under mu: a holder died; its tail is not cut yet */
-    int32_t npids;
+    int32_t nmembers;        /* under mu: slots in use (dead writers not yet swept too) */
     int64_t deaths;          /* atomic: holders found dead */
     int64_t nsyncs;          /* atomic: msyncs of the log by every writer */
     int64_t covering;        /* atomic: the end the running msync covers (0: not known yet) */
@@ -421,10 +422,13 @@ struct k7_shared {
     uint32_t gather;         /* atomic: the arrivals the next msync's leader waits for */
     uint32_t gathering;      /* atomic: a leader sleeps on arrivals */
     int64_t sync_ns;         /* atomic: how long the last msync took */
-    int32_t pids[K7_SHARED_PIDS];  /* under mu: the writing processes (0: free) */
+    uint32_t unlocks;        /* atomic futex word: bit 0 a waiter for mu may sleep, then a
+                                count of unlocks (see mu_lock) */
+    int32_t holder;          /* atomic: slot + 1 of mu's holder (0: none, or not known) */
     int32_t sync_holder;     /* atomic: the pid holding sync_mu (0: none, or not stored yet) */
     int32_t pad_;
     int64_t sync_since;      /* atomic: when sync_mu's holder took it (CLOCK_MONOTONIC ns) */
+    k7_member members[K7_SHARED_WRITERS];  /* under mu: the writers (id 0: a free slot) */
 };
 
 _Static_assert(sizeof(struct k7_shared) <= K7_SHARED_FILE_SIZE, "the state fits its file");
@@ -467,28 +471,6 @@ k7_shared *k7_shared_attach(uint8_t *map, int64_t len) {
     return s;
 }
 
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 30)
-#define K7_CLOCKLOCK 1                 /* pthread_mutex_clocklock (glibc 2.30) */
-#define K7_LOCK_CLOCK CLOCK_MONOTONIC
-#else
-#define K7_CLOCKLOCK 0
-#define K7_LOCK_CLOCK CLOCK_REALTIME   /* pthread_mutex_timedlock's clock */
-#endif
-
-/* Lock m, waiting at most timeout_ns: 0, EOWNERDEAD, ETIMEDOUT or an errno. */
-static int lock_within(pthread_mutex_t *m, int64_t timeout_ns) {
-    struct timespec ts;
-    clock_gettime(K7_LOCK_CLOCK, &ts);
-    int64_t t = (int64_t)ts.tv_nsec + (timeout_ns > 0 ? timeout_ns : 0);
-    ts.tv_sec += (time_t)(t / 1000000000LL);
-    ts.tv_nsec = (long)(t % 1000000000LL);
-#if K7_CLOCKLOCK
-    return pthread_mutex_clocklock(m, K7_LOCK_CLOCK, &ts);
-#else
-    return pthread_mutex_timedlock(m, &ts);
-#endif
-}
-
 /* The thread holding m (its id; a process's first thread has the process's), read from the
  * lock word: a robust mutex keeps there what the futex ABI says (the owner's TID, and the
  * FUTEX_WAITERS and FUTEX_OWNER_DIED bits), set by the atomic operation that takes it, so
@@ -502,6 +484,48 @@ static int32_t lock_owner(pthread_mutex_t *m) {
 #endif
 }
 
+/* Wait for mu without ever sleeping inside pthread_mutex_lock. A robust mutex names its
+ * owner by thread id, and a process killed while it sleeps in pthread_mutex_lock leaves the
+ * kernel a pending lock that it checks against the dying thread's id: when the holder has
+ * that same id in its own PID namespace (both pid 1: containers sharing a volume), the
+ * kernel marks the live holder dead, and the next writer would recover its tail under it.
+ * So a waiter sleeps on `unlocks` between trylocks (bit 0 asks the unlocker for a wake); a
+ * holder's death wakes nobody there, hence the bounded sleep, after which the trylock gets
+ * EOWNERDEAD. */
+#define K7_LOCK_POLL_NS 10000000LL
+
+static int mu_lock(k7_shared *s, int64_t timeout_ns) {
+    int64_t deadline = now_ns() + (timeout_ns > 0 ? timeout_ns : 0);
+    for (;;) {
+        uint32_t v = __atomic_or_fetch(&s->unlocks, 1u, __ATOMIC_SEQ_CST);
+        int rc = pthread_mutex_trylock(&s->mu);
+        if (rc != EBUSY) {
+            /* others may sleep still: this holder's unlock wakes the next */
+            __atomic_or_fetch(&s->unlocks, 1u, __ATOMIC_SEQ_CST);
+            return rc;
+        }
+        int64_t left = deadline - now_ns();
+        if (left <= 0) return ETIMEDOUT;
+#ifdef __linux__
+        futex_wait(&s->unlocks, v, left < K7_LOCK_POLL_NS ? left : K7_LOCK_POLL_NS, 0);
+#else
+        (void)v;
+        k7_sleep_ns(50000);
+#endif
+    }
+}
+
+static void mu_unlock(k7_shared *s) {
+    pthread_mutex_unlock(&s->mu);
+    uint32_t old = __atomic_fetch_add(&s->unlocks, 2u, __ATOMIC_SEQ_CST);
+    if (old & 1u) {
+        __atomic_and_fetch(&s->unlocks, ~1u, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+        futex_wake(&s->unlocks, 1, 0);
+#endif
+    }
+}
+
 /* Lock mu (block: wait, at most w->lock_timeout_ns; else K7_BUSY when taken) unless held;
  * then check the state. */
 static int shared_enter(k7_writer *w, int block) {
@@ -512,7 +536,7 @@ static int shared_enter(k7_writer *w, int block) {
             cpu_relax();
             rc = pthread_mutex_trylock(&s->mu);
         }
-        if (rc == EBUSY && block) rc = lock_within(&s->mu, w->lock_timeout_ns);
+        if (rc == EBUSY && block) rc = mu_lock(s, w->lock_timeout_ns);
         if (rc == EBUSY && !block) return K7_BUSY;
         if (rc == ETIMEDOUT) {
             w->holder = lock_owner(&s->mu);
@@ -529,6 +553,7 @@ static int shared_enter(k7_writer *w, int block) {
             return K7_EIO;
         }
         w->held = 1;
+        __atomic_store_n(&s->holder, w->slot + 1, __ATOMIC_RELAXED);
     }
     if (s->recover) return K7_RECOVER;
     if (s->base != w->base) return K7_REMAP;
@@ -541,7 +566,8 @@ int k7_shared_lock(k7_writer *w) { return shared_enter(w, 1); }
 void k7_shared_release(k7_writer *w) {
     if (w->sh && w->held) {
         w->held = 0;
-        pthread_mutex_unlock(&w->sh->mu);
+        __atomic_store_n(&w->sh->holder, 0, __ATOMIC_RELAXED);
+        mu_unlock(w->sh);
     }
 }
 
@@ -799,7 +825,7 @@ void k7_shared_state(const k7_shared *s, int64_t *out) {
     out[5] = __atomic_load_n(&s->deaths, __ATOMIC_RELAXED);
     out[6] = __atomic_load_n(&s->nsyncs, __ATOMIC_RELAXED);
     out[7] = s->mode;
-    out[8] = s->npids;
+    out[8] = s->nmembers;
 }
 
 void k7_shared_follow(k7_writer *w) {
@@ -828,25 +854,64 @@ void k7_shared_recovered(k7_writer *w, int64_t pos) {
     else publish_max(w->pub, (uint64_t)LOAD_ACQ(&s->synced));
 }
 
-int k7_shared_swap_pid(k7_writer *w, int32_t old, int32_t pid) {
+uint64_t k7_shared_set_member(k7_writer *w, int32_t i, const k7_member *m) {
     k7_shared *s = w->sh;
-    for (int i = 0; i < K7_SHARED_PIDS; i++) {
-        if (s->pids[i] == old) {
-            s->pids[i] = pid;
-            s->npids += (pid != 0) - (old != 0);
-            return 0;
-        }
-    }
-    return old ? 0 : ENOSPC;
+    if (i < 0 || i >= K7_SHARED_WRITERS) return 0;
+    uint64_t old = s->members[i].id;
+    s->nmembers += (m->id != 0) - (old != 0);
+    __atomic_store_n(&s->members[i].pidns, m->pidns, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->members[i].pid, m->pid, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->members[i].id, m->id, __ATOMIC_RELEASE);
+    return old;
 }
 
-int64_t k7_shared_pids(const k7_shared *s, int32_t *out, int64_t n) {
-    int64_t k = 0;
-    for (int i = 0; i < K7_SHARED_PIDS && k < n; i++) {
-        int32_t pid = __atomic_load_n(&s->pids[i], __ATOMIC_RELAXED);
-        if (pid) out[k++] = pid;
+void k7_shared_members(const k7_shared *s, k7_member *out) {
+    for (int i = 0; i < K7_SHARED_WRITERS; i++) {
+        out[i].id = LOAD_ACQ(&s->members[i].id);
+        out[i].pidns = __atomic_load_n(&s->members[i].pidns, __ATOMIC_RELAXED);
+        out[i].pid = __atomic_load_n(&s->members[i].pid, __ATOMIC_RELAXED);
+        out[i].pad_ = 0;
     }
-    return k;
+}
+
+int32_t k7_shared_holder(const k7_shared *s) {
+    return __atomic_load_n(&s->holder, __ATOMIC_RELAXED) - 1;
+}
+
+#ifdef F_OFD_SETLK
+#define K7_SETLK F_OFD_SETLK
+#define K7_GETLK F_OFD_GETLK
+#else  /* process-owned locks: closing any descriptor of the file drops them */
+#define K7_SETLK F_SETLK
+#define K7_GETLK F_GETLK
+#endif
+
+static struct flock range_of(int64_t at, short type) {
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)at;
+    fl.l_len = 1;
+    return fl;
+}
+
+static int range_set(int fd, int64_t at, short type) {
+    struct flock fl = range_of(at, type);
+    if (fcntl(fd, K7_SETLK, &fl) == 0) return 0;
+    return errno == EACCES ? EAGAIN : errno;
+}
+
+int k7_range_lock(int fd, int64_t at, int exclusive) {
+    return range_set(fd, at, exclusive ? F_WRLCK : F_RDLCK);
+}
+
+int k7_range_unlock(int fd, int64_t at) { return range_set(fd, at, F_UNLCK); }
+
+int k7_range_held(int fd, int64_t at) {
+    struct flock fl = range_of(at, F_WRLCK);
+    if (fcntl(fd, K7_GETLK, &fl) != 0) return -errno;
+    return fl.l_type != F_UNLCK;
 }
 
 /* ------------------------------------------------------------------ msync */

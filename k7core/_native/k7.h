@@ -58,8 +58,18 @@
  * maps from the file k7py-writers (K7_SHARED_FILE_SIZE bytes). Opaque here (it holds two
  * process-shared robust pthread mutexes: appends and rolls; msyncs); k7.c owns its layout. */
 #define K7_SHARED_FILE_SIZE 4096
-#define K7_SHARED_PIDS 64         /* at most this many writing processes at once */
+#define K7_SHARED_WRITERS 64      /* at most this many shared writers (Queue objects) at once */
 typedef struct k7_shared k7_shared;
+/* A shared writer in the state's table (docs/format.md): a random id (0: a free slot), and
+ * for reports only, its pid as it sees itself and its PID namespace (the inode of
+ * /proc/self/ns/pid, 0 when unknown). Identity is the id; liveness is the writer's lock on
+ * its slot (k7_range_lock), which the kernel drops when the writer dies, in any namespace. */
+typedef struct {
+    uint64_t id;
+    uint64_t pidns;
+    int32_t pid;
+    int32_t pad_;
+} k7_member;
 
 /* Published position (an mmap'd file shared by all processes). */
 typedef struct {
@@ -93,6 +103,7 @@ typedef struct {
     int64_t sync_hist[40]; /* msyncs by duration: bucket k counts those of [2^(k-1), 2^k) ns */
     k7_shared *sh;       /* shared writers: the directory's shared state; NULL: exclusive */
     int32_t held;        /* shared writers: this writer holds sh's lock */
+    int32_t slot;        /* shared writers: this writer's slot in sh's table (-1: none) */
     int32_t pid;         /* shared writers: this process, recorded as the msync lock's holder */
     int64_t lock_timeout_ns; /* shared writers: the longest wait for another process's lock */
     int32_t holder;      /* out (K7_LOCKTIMEOUT): the thread id that held the lock */
@@ -197,7 +208,7 @@ void k7_shared_release(k7_writer *w);             /* unlock if held */
 /* Take the msync lock and keep it (what a writer killed mid-msync leaves: its tests).
  * 0 or an errno. */
 int k7_shared_sync_hold(k7_writer *w);
-/* base, pos, end, synced, recover, deaths, nsyncs, mode, npids (9 values) */
+/* base, pos, end, synced, recover, deaths, nsyncs, mode, slots in use (9 values) */
 void k7_shared_state(const k7_shared *s, int64_t *out);
 /* Under the lock: the writer now writes the segment at w->base from w->pos (a remap). */
 void k7_shared_follow(k7_writer *w);
@@ -207,10 +218,23 @@ void k7_shared_rolled(k7_writer *w);
 /* Under the lock: the dead holder's tail is cut at `pos` (its whole frames before it kept):
  * make `pos` the end, publish per mode and clear the flag. */
 void k7_shared_recovered(k7_writer *w, int64_t pos);
-/* Under the lock: register (or with pid 0 as `old`, find a free slot for) a writing process.
- * 0, or ENOSPC when K7_SHARED_PIDS processes write already. */
-int k7_shared_swap_pid(k7_writer *w, int32_t old, int32_t pid);
-int64_t k7_shared_pids(const k7_shared *s, int32_t *out, int64_t n);
+/* Under the lock: slot `i` (< K7_SHARED_WRITERS) now holds `m` (id 0: free it); the id it
+ * held before (a dead writer's, whose spare segment the caller removes), or 0. */
+uint64_t k7_shared_set_member(k7_writer *w, int32_t i, const k7_member *m);
+/* A moment's view of the table (K7_SHARED_WRITERS entries; no lock taken). */
+void k7_shared_members(const k7_shared *s, k7_member *out);
+/* The slot of the writer that holds the append lock now, -1 when none does (a moment's
+ * view: for error messages, which name its pid). */
+int32_t k7_shared_holder(const k7_shared *s);
+
+/* Liveness without pids: a lock on byte `at` of the file open as `fd`, owned by that open
+ * file (an OFD lock on Linux: dropped when it is closed or its process dies, in any PID
+ * namespace, never by closing another descriptor of the file). Never blocks. lock
+ * (exclusive, or shared) and unlock: 0, EAGAIN (another open file holds a conflicting lock)
+ * or an errno. held: 1 another open file holds a lock there, 0 none does, or -errno. */
+int k7_range_lock(int fd, int64_t at, int exclusive);
+int k7_range_unlock(int fd, int64_t at);
+int k7_range_held(int fd, int64_t at);
 
 /* Position publication and waiting (futex on Linux, sleep elsewhere). */
 void k7_publish(k7_pos *p, uint64_t end);

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .._errors import StorageError
 from .._format import WRITER_LOCK, queue_file
-from .._storage import write_file_atomic
+from .._storage import flock_holder, write_file_atomic
 from ._codec import dump_snapshot
 from ._errors import NotAJobStoreError
 from ._machine import JobMachine
@@ -90,16 +90,4 @@ def save_snapshot(path: Path, machine: JobMachine, covered: int) -> int:
 def journal_holder(path: Path) -> int | None:
     """The pid of the process holding the writer lock of the journal of the store in
     ``path`` (read from ``/proc/locks``: Linux), or None when unknown."""
-    try:
-        st = os.stat(path / JOURNAL / WRITER_LOCK)
-        with open("/proc/locks") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    for line in lines:
-        parts = line.split()  # "1: FLOCK ADVISORY WRITE <pid> <maj:min:inode> 0 EOF"
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == inode:
-            with contextlib.suppress(ValueError):
-                return int(parts[4])
-    return None
+    return flock_holder(path / JOURNAL / WRITER_LOCK)

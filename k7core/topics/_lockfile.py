@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .._storage import open_fd, try_lock
+from .._storage import flock_holder, open_fd, try_lock
 from ._errors import TopicLockTimeoutError
 
 LOCK_TIMEOUT = 10.0
@@ -73,19 +73,9 @@ def holding(path: Path, mode: int, timeout: float, what: str) -> Iterator[None]:
 def holder(path: Path) -> int | None:
     """The pid holding the lock on ``path`` now: from ``/proc/locks`` (Linux), else the
     pid the holder wrote into the file; None if neither says."""
-    try:
-        st = os.stat(path, follow_symlinks=False)
-        with open("/proc/locks") as f:
-            table = f.read()
-    except OSError:
-        table = ""
-    else:
-        dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-        for line in table.splitlines():
-            parts = line.split()
-            if len(parts) > 5 and parts[1] == "FLOCK" and parts[5] == dev:
-                with contextlib.suppress(ValueError):
-                    return int(parts[4])
+    pid = flock_holder(path)
+    if pid is not None:
+        return pid
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:

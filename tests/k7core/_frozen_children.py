@@ -12,6 +12,9 @@ one message, takes its lock through the kernel, prints ``held`` and sleeps until
 ``holdthread``
     As ``hold``, from a second thread (whose id is not the process's).
 
+``holdjoin``
+    The join lock (``k7py-writers.lock``), as a writer frozen while it joins or leaves.
+
 ``loop DIR FSYNC``
     Open ``DIR`` as above, print ``ready``, then append in a loop (``enqueue`` and
     ``enqueue_many`` in turn) until killed: a writer that a SIGSTOP freezes wherever it is.
@@ -19,11 +22,14 @@ one message, takes its lock through the kernel, prints ``held`` and sleeps until
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sys
 import threading
 import time
 
 import k7core
+from k7core._format import SHARED_LOCK
 from k7core._kernel import lib
 from tests._children import say
 
@@ -37,6 +43,12 @@ def main() -> None:
             q.enqueue(b"from the child")
             q.enqueue_many([b"child batch"] * 4)
     q.enqueue(b"from the child")
+    if mode == "holdjoin":
+        fd = os.open(os.path.join(d, SHARED_LOCK), os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        say("held")
+        while True:
+            time.sleep(60)
     w = q._writer
     assert w is not None
     take = {"hold": lib.k7_shared_lock, "holdthread": lib.k7_shared_lock,

@@ -16,6 +16,22 @@ Modes:
     batches of 2-8), and after each call returned print ``O <seq> <offset> ...``: the first
     sequence number of the call and the offsets it returned. Close, print ``done``.
 
+``gated DIR FSYNC SEGMENT_SIZE WID SEED COUNT``
+    As ``write``, but after ``ready`` it prints ``pid <its pid as it sees itself>`` and waits
+    for a line on stdin before it appends (so that writers start together).
+
+``members DIR SEGMENT_SIZE``
+    A fleet of writer processes, forked from this one (fast: k7core is imported once). On
+    ``spawn N`` (stdin) it forks N members: each opens the queue with ``writers="shared"``
+    and ``fsync="flush"``, waits until its spare segment is on disk, prints ``ready <pid>
+    <spare file name>`` and sleeps until SIGKILLed (or this process ends). On ``reap N`` it
+    waits for N members to end and prints ``dead <pid>`` for each.
+
+``holdlock DIR WID``
+    Open the queue with ``writers="shared"`` and ``fsync="flush"``, enqueue ``(WID, 0)`` (an
+    ``O`` line), take the shared lock through the kernel and print ``held``; on a line on
+    stdin release it, enqueue ``(WID, 1)`` (an ``O`` line), close and print ``done``.
+
 ``syncloop DIR WID COUNT``
     Open the queue with ``writers="shared"`` and ``fsync="sync"``, print ``ready``, wait for a
     line on stdin, then ``enqueue`` messages ``(WID, 0) .. (WID, COUNT-1)`` one call each (a
@@ -37,7 +53,10 @@ Modes:
 
 from __future__ import annotations
 
+import ctypes
+import os
 import random
+import signal
 import sys
 import time
 
@@ -64,12 +83,18 @@ def parse_payload(data: bytes) -> tuple[int, int]:
     return int(wid), int(seq)
 
 
-def _write(argv: list[str]) -> None:
+def _write(argv: list[str], *, gated: bool = False) -> None:
     d, fsync, seg, wid_s, seed, count_s = argv
     wid, count = int(wid_s), int(count_s)
     rng = random.Random(int(seed))
     q = k7core.Queue(d, writers="shared", fsync=fsync, segment_size=int(seg))
     say("ready")
+    if gated:
+        w = q._writer
+        if w is not None and w._spare is not None:
+            w._spare._join()  # its spare is on disk
+        say(f"pid {os.getpid()}")
+        sys.stdin.readline()
     seq = 0
     while seq < count:
         if rng.random() < 0.5:
@@ -81,6 +106,45 @@ def _write(argv: list[str]) -> None:
             offs = q.enqueue_many([shared_payload(wid, s) for s in range(seq, seq + n)])
             say(f"O {seq} " + " ".join(map(str, offs)))
             seq += n
+    q.close()
+    say("done")
+
+
+def _members(argv: list[str]) -> None:
+    d, seg = argv
+    for line in sys.stdin:
+        word, n = line.split()
+        for _ in range(int(n)):
+            if word == "reap":
+                pid, _status = os.wait()
+                say(f"dead {pid}")
+            elif os.fork() == 0:
+                _member(d, int(seg))
+
+
+def _member(d: str, seg: int) -> None:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: it ends with the fleet
+    q = k7core.Queue(d, writers="shared", fsync="flush", segment_size=seg)
+    w = q._writer
+    assert w is not None and w._spare is not None
+    w._spare._join()  # the spare is on disk
+    say(f"ready {os.getpid()} {w._spare_name}")
+    while True:
+        time.sleep(60)
+
+
+def _holdlock(argv: list[str]) -> None:
+    d, wid_s = argv
+    wid = int(wid_s)
+    q = k7core.Queue(d, writers="shared", fsync="flush")
+    say(f"O 0 {q.enqueue(shared_payload(wid, 0))}")
+    w = q._writer
+    assert w is not None
+    assert lib.k7_shared_lock(w.c) == 0, "the shared lock was not granted"
+    say("held")
+    sys.stdin.readline()
+    lib.k7_shared_release(w.c)
+    say(f"O 1 {q.enqueue(shared_payload(wid, 1))}")
     q.close()
     say("done")
 
@@ -133,7 +197,11 @@ def _hold(argv: list[str]) -> None:
 
 def main() -> None:
     mode, *argv = sys.argv[1:]
-    {"write": _write, "syncloop": _syncloop, "holdsync": _holdsync, "hold": _hold}[mode](argv)
+    if mode == "gated":
+        _write(argv, gated=True)
+        return
+    {"write": _write, "syncloop": _syncloop, "holdsync": _holdsync, "hold": _hold,
+     "members": _members, "holdlock": _holdlock}[mode](argv)
 
 
 if __name__ == "__main__":

@@ -248,3 +248,19 @@ def test_close_beside_a_frozen_holder_of_the_append_lock(
         assert f"process {pid}" in caplog.text and "without leaving" in caplog.text
     with k7core.Queue(qdir, readonly=True) as ro:
         assert b"before" in read_all(ro)
+
+
+@pytest.mark.parametrize("opener", ["shared", "exclusive", "readonly"])
+def test_opens_beside_a_process_frozen_inside_the_join_lock(tmp_path: Path, opener: str) -> None:
+    """A writer frozen while it joins or leaves holds ``k7py-writers.lock``: a shared writer
+    joining, an exclusive writer asking whether shared writers live, and a readonly open
+    asking whether any writer lives all wait for it at most ``lock_timeout``."""
+    qdir = tmp_path / "q"
+    openers: dict[str, dict[str, Any]] = {
+        "shared": {"writers": "shared"}, "exclusive": {}, "readonly": {"readonly": True}}
+    kw = openers[opener]
+    with frozen("holdjoin", qdir, "flush") as pid:
+        got = bounded(lambda: k7core.Queue(qdir, lock_timeout=LOCK_TIMEOUT, **kw))
+        assert isinstance(got, k7core.LockTimeoutError), got
+        assert got.pid == pid and f"process {pid}" in str(got), got
+        assert "kill -CONT" in (got.hint or ""), got.hint

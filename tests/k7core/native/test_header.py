@@ -47,7 +47,7 @@ COUNTERPARTS: dict[str, int] = {
     "K7_REMAP": _kernel.REMAP,
     "K7_LOCKTIMEOUT": _kernel.LOCKTIMEOUT,
     "K7_SHARED_FILE_SIZE": _format.SHARED_FILE_SIZE,
-    "K7_SHARED_PIDS": _format.SHARED_PIDS,
+    "K7_SHARED_WRITERS": _format.SHARED_WRITERS,
 }
 
 _SYMBOLS = {"INT64_MAX": 2**63 - 1}

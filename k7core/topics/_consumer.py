@@ -337,7 +337,8 @@ class TopicConsumer(Resource):
 
     def ack(self, record: Record) -> bool:
         """Mark a record done; False if it was not in flight here (already acked, or its
-        partition was handed over)."""
+        partition was handed over). ClosedError once the consumer is closed."""
+        self._check_open()
         g = self._groups.get(record.partition)
         if g is None:
             return False
@@ -349,7 +350,8 @@ class TopicConsumer(Resource):
 
     def ack_many(self, records: Iterable[Record]) -> int:
         """Ack several records (one cursor store per partition); return how many were in
-        flight here."""
+        flight here. ClosedError once the consumer is closed."""
+        self._check_open()
         by: dict[int, list[int]] = {}
         for r in records:
             by.setdefault(r.partition, []).append(r.offset)
@@ -365,7 +367,9 @@ class TopicConsumer(Resource):
 
     def nack(self, record: Record) -> bool:
         """Deliver this record again (first, on a later poll); False if it was not in flight
-        here. On a partition being handed over, the new owner delivers it."""
+        here. On a partition being handed over, the new owner delivers it. ClosedError once
+        the consumer is closed."""
+        self._check_open()
         g = self._groups.get(record.partition)
         if g is None:
             return False

@@ -211,6 +211,25 @@ def test_closing_the_topic_closes_its_consumers(tmp_path: Path) -> None:
         t.consumer("g")
 
 
+@pytest.mark.parametrize("closer", ["consumer", "topic"])
+def test_acks_after_close_raise_closed_as_a_queues_group_does(tmp_path: Path, closer: str) -> None:
+    """ack, ack_many and nack on a closed consumer raise ClosedError (as ConsumerGroup's do),
+    never answer "not in flight": the caller must know its acks were not recorded."""
+    t = Topic(tmp_path / "t", partitions=2, segment_size=SEG)
+    t.send_many([b"x%d" % i for i in range(4)])
+    c = t.consumer("g")
+    recs = c.poll(10, 0)
+    assert len(recs) == 4
+    (c if closer == "consumer" else t).close()
+    with pytest.raises(ClosedError):
+        c.ack(recs[0])
+    with pytest.raises(ClosedError):
+        c.ack_many(recs)
+    with pytest.raises(ClosedError):
+        c.nack(recs[0])
+    t.close()
+
+
 def test_a_group_known_only_by_its_cursors_counts(tmp_path: Path) -> None:
     """A group that never joined through a TopicConsumer (Spark's, or a plain
     ConsumerGroup of a partition queue) shows in stats and holds back-pressure."""

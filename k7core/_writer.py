@@ -462,7 +462,10 @@ class SegmentWriter:
         run at every roll, ``sync()`` and ``close()``, not per message."""
         if self._seg_lost is not None:
             raise self._seg_lost
+        self._check_segment_file()  # first: a lost segment says which messages are gone
         self._check_locks()
+
+    def _check_segment_file(self) -> None:
         w, m = self.c, self._seg_map
         if m.closed:
             return

@@ -10,8 +10,13 @@ class K7Error(Exception):
     """Base class of every error raised by k7core.
 
     ``path`` names the file or directory involved, ``offset`` the global offset where one
-    applies, ``hint`` what to do about it.
+    applies, ``hint`` what to do about it. ``written``: the offsets of the messages of a
+    batch call (``enqueue_many``, ``enqueue_columnar``) written before it failed, in order
+    (a batch that spans segments is written up to the roll that failed); retry only the
+    others.
     """
+
+    written: tuple[int, ...] = ()
 
     def __init__(
         self,

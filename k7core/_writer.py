@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import ClosedError, LockFileLostError, LockTimeoutError, StorageError
+from ._errors import ClosedError, K7Error, LockFileLostError, LockTimeoutError, StorageError
 from ._format import (
     SPARE_MIN_SIZE,
     SPARE_SEGMENT,
@@ -176,8 +176,17 @@ class SegmentWriter:
         self, items: list[Any] | tuple[Any, ...], out: list[int] | int
     ) -> list[int]:
         """``enqueue_many`` after the fast path returned ``out`` (a short list or a code)."""
+        offsets: list[int] = []
+        try:
+            return self._enqueue_many_slow(items, out, offsets)
+        except K7Error as exc:
+            partly_written(exc, offsets, len(items))
+            raise
+
+    def _enqueue_many_slow(
+        self, items: list[Any] | tuple[Any, ...], out: list[int] | int, offsets: list[int]
+    ) -> list[int]:
         with owned(self.fa), self._released():
-            offsets: list[int] = []
             while True:
                 if isinstance(out, list):
                     offsets += out
@@ -213,26 +222,37 @@ class SegmentWriter:
             obuf = ffi.cast("int64_t *" if wide else "int32_t *", _from_buffer(offsets))
             fn = lib.k7_append_columnar if wide else lib.k7_append_columnar32
             optr = ffi.cast("int64_t *", _from_buffer(out))
-            done = 0
-            while done < n:
-                rc = fn(self.c, dbuf, len(dbuf), obuf + done, n - done, optr + done)
-                if rc > 0:
-                    done += rc
-                    continue
-                if rc == BADOFFSETS:
-                    raise ValueError("offsets must be non-decreasing and within the data buffer")
-                if rc == TOOLARGE:
-                    self._check_size(max(offsets[i + 1] - offsets[i] for i in range(done, n)))
-                if rc == EIO:
-                    self.raise_eio()
-                if rc in (BUSY, RECOVER, REMAP):
-                    self._hold()
-                    continue
-                if rc == LOCKTIMEOUT:
-                    self._raise_lock_timeout()
-                self._check_size(offsets[done + 1] - offsets[done])
-                self.roll()
+            done = [0]  # messages written so far, for the error of a failed roll
+            try:
+                self._append_columnar(fn, dbuf, obuf, optr, offsets, n, done)
+            except K7Error as exc:
+                partly_written(exc, out[:done[0]].tolist(), n)
+                raise
             return out
+
+    def _append_columnar(
+        self, fn: Any, dbuf: Any, obuf: Any, optr: Any, offsets: memoryview, n: int,
+        done: list[int],
+    ) -> None:
+        while done[0] < n:
+            d = done[0]
+            rc = fn(self.c, dbuf, len(dbuf), obuf + d, n - d, optr + d)
+            if rc > 0:
+                done[0] += rc
+                continue
+            if rc == BADOFFSETS:
+                raise ValueError("offsets must be non-decreasing and within the data buffer")
+            if rc == TOOLARGE:
+                self._check_size(max(offsets[i + 1] - offsets[i] for i in range(d, n)))
+            if rc == EIO:
+                self.raise_eio()
+            if rc in (BUSY, RECOVER, REMAP):
+                self._hold()
+                continue
+            if rc == LOCKTIMEOUT:
+                self._raise_lock_timeout()
+            self._check_size(offsets[d + 1] - offsets[d])
+            self.roll()
 
     def _check_size(self, n: int) -> None:
         self._opts.check_message_size(n, self._path)
@@ -572,3 +592,14 @@ class _NoLock:
 
 _NO_LOCK = _NoLock()
 
+
+def partly_written(exc: K7Error, written: list[int], total: int) -> None:
+    """Say on ``exc`` which messages of a batch of ``total`` were written before it failed
+    (``exc.written``, and in its message), so that a retry does not write them twice."""
+    if not written:
+        return
+    exc.written = tuple(written)
+    note = (f"the first {len(written)} of the {total} messages of this call were written "
+            f"(offsets {written[0]} to {written[-1]}, in the error's .written): retry only "
+            "the others")
+    exc.args = (f"{exc.args[0]}; {note}" if exc.args else note, *exc.args[1:])

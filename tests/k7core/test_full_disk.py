@@ -11,6 +11,7 @@ Mounting needs root (the suite runs as root in CI); elsewhere these tests skip, 
 
 from __future__ import annotations
 
+import array
 import errno
 import os
 import shutil
@@ -217,6 +218,33 @@ def test_stray_last_segment_from_a_failed_roll_is_not_taken_as_the_end(tmp_path:
     with k7core.Queue(qdir, readonly=True) as q, q.consumer_group("g") as g:
         got = [m.offset for m in g.poll(max_batch=100, timeout=0)]
         assert got == [*offs, nxt]
+
+
+@pytest.mark.parametrize("how", ["enqueue_many", "enqueue_columnar"])
+def test_a_batch_cut_by_a_full_disk_says_what_it_wrote(small_fs: Path, how: str) -> None:
+    """A batch that spans segments is written up to the roll the full disk refuses: the
+    error lists the offsets of the messages written (``.written``) and says to retry only
+    the others, so a retry never doubles them."""
+    qdir = small_fs / "q"
+    items = [message(i, 200) for i in range(2000)]  # several segments' worth
+    with k7core.Queue(qdir, segment_size=SEGMENT, fsync="flush") as q:
+        q.enqueue(b"first")
+        _fill_disk(small_fs, 4096)
+        with pytest.raises(k7core.StorageError) as info:
+            if how == "enqueue_many":
+                q.enqueue_many(items)
+            else:
+                ends = array.array("q", [0])
+                for it in items:
+                    ends.append(ends[-1] + len(it))
+                q.enqueue_columnar(b"".join(items), ends)
+        written = info.value.written
+        assert 0 < len(written) < len(items)
+        assert f"the first {len(written)} of the {len(items)} messages" in str(info.value)
+        with q.consumer_group("g") as g:
+            got = g.poll(max_batch=len(items) + 1, timeout=0)
+        assert [bytes(m.payload) for m in got] == [b"first", *items[:len(written)]]
+        assert [m.offset for m in got[1:]] == list(written)
 
 
 @pytest.mark.parametrize("writers", ["exclusive", "shared"])

@@ -163,16 +163,30 @@ def write_file_atomic(
         for chunk in (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data:
             view = memoryview(chunk)
             while view:
-                view = view[os.write(fd, view):]
+                try:
+                    view = view[os.write(fd, view):]
+                except OSError as exc:  # a full disk: say so, as every other path does
+                    raise _write_error(tmp, exc, "write") from exc
         fsync_file(fd, tmp)
-    except BaseException:
         os.close(fd)
+        fd = -1
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise _write_error(path, exc, "rename a new version over") from exc
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(tmp)  # nothing half-written stays behind
         raise
-    os.close(fd)
-    os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def _write_error(path: Path, exc: OSError, doing: str) -> StorageError:
+    hint = "free disk space and retry" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    return StorageError(f"cannot {doing} {path}: {exc.strerror}", errno_=exc.errno or 0,
+                        path=path, hint=hint)
 
 
 def try_lock(fd: int, *, exclusive: bool = True) -> bool:

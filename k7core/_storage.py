@@ -166,14 +166,14 @@ def write_file_atomic(
                 try:
                     view = view[os.write(fd, view):]
                 except OSError as exc:  # a full disk: say so, as every other path does
-                    raise _write_error(tmp, exc, "write") from exc
+                    raise storage_error(exc, tmp, "write") from exc
         fsync_file(fd, tmp)
         os.close(fd)
         fd = -1
         try:
             os.replace(tmp, path)
         except OSError as exc:
-            raise _write_error(path, exc, "rename a new version over") from exc
+            raise storage_error(exc, path, "rename a new version over") from exc
     except BaseException:
         if fd >= 0:
             os.close(fd)
@@ -183,10 +183,17 @@ def write_file_atomic(
     fsync_dir(path.parent)
 
 
-def _write_error(path: Path, exc: OSError, doing: str) -> StorageError:
-    hint = "free disk space and retry" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else None
-    return StorageError(f"cannot {doing} {path}: {exc.strerror}", errno_=exc.errno or 0,
-                        path=path, hint=hint)
+def storage_error(exc: OSError, path: Path, doing: str) -> StorageError:
+    """An OSError met ``doing`` something to ``path`` as the StorageError every k7core path
+    raises, with a hint for a full disk (a StorageError passes through)."""
+    if isinstance(exc, StorageError):
+        return exc
+    hint = None
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "the file system is full: free space, then retry"
+    return StorageError(
+        f"cannot {doing} {path}: {exc.strerror}", errno_=exc.errno or 0, path=path, hint=hint,
+    )
 
 
 def try_lock(fd: int, *, exclusive: bool = True) -> bool:

@@ -32,7 +32,9 @@ def wait_for(what: str, done: object) -> None:
         time.sleep(0.01)
 
 
-def test_snapshots_on_a_full_disk(small_fs: Path) -> None:  # noqa: F811
+def test_snapshots_on_a_full_disk(
+    small_fs: Path, caplog: pytest.LogCaptureFixture,  # noqa: F811
+) -> None:
     path = small_fs / "store"
     with JobStore(path, snapshot_bytes=1) as store:  # every put past the last snapshot: one
         ids = [store.put(b"job %d" % i) for i in range(20)]
@@ -52,6 +54,9 @@ def test_snapshots_on_a_full_disk(small_fs: Path) -> None:  # noqa: F811
         ids.append(store.put(b"room again"))  # the snapshot thread tries again, and succeeds
         wait_for("a snapshot with room", lambda: store.snapshot_error is None)
         assert store.snapshot() >= ids[-1]  # (the offset past the last record)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "k7core.jobs"]
+    assert len(said) == 2 and "No space left" in said[0][1], said  # once failed, once again
+    assert all(r.exc_info is None for r in caplog.records)
     with JobStore(path) as store:
         assert [job_id for job_id in ids if store.peek(job_id) is None] == []
         assert len(store) == len(ids)

@@ -163,16 +163,37 @@ def write_file_atomic(
         for chunk in (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data:
             view = memoryview(chunk)
             while view:
-                view = view[os.write(fd, view):]
+                try:
+                    view = view[os.write(fd, view):]
+                except OSError as exc:  # a full disk: say so, as every other path does
+                    raise storage_error(exc, tmp, "write") from exc
         fsync_file(fd, tmp)
-    except BaseException:
         os.close(fd)
+        fd = -1
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise storage_error(exc, path, "rename a new version over") from exc
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(tmp)  # nothing half-written stays behind
         raise
-    os.close(fd)
-    os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def storage_error(exc: OSError, path: Path, doing: str) -> StorageError:
+    """An OSError met ``doing`` something to ``path`` as the StorageError every k7core path
+    raises, with a hint for a full disk (a StorageError passes through)."""
+    if isinstance(exc, StorageError):
+        return exc
+    hint = None
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "the file system is full: free space, then retry"
+    return StorageError(
+        f"cannot {doing} {path}: {exc.strerror}", errno_=exc.errno or 0, path=path, hint=hint,
+    )
 
 
 def try_lock(fd: int, *, exclusive: bool = True) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import math
 import os
 import threading
@@ -75,6 +76,8 @@ from ._files import (
     save_snapshot,
 )
 from ._machine import Job, JobMachine, JobState, PutPlan, check_seconds
+
+log = logging.getLogger("k7core.jobs")
 
 SNAPSHOTS_KEPT = 2
 """Snapshots kept: the newest, and the one before it in case the newest cannot be read (the
@@ -988,8 +991,13 @@ class JobStore(Resource):
                     return
             try:
                 self._write_snapshot()
+                if self.snapshot_error is not None:
+                    log.warning("job store %s: snapshots are written again", self._path)
                 self.snapshot_error = None
             except Exception as exc:  # kept for the caller to see; the journal holds all
+                if self.snapshot_error is None:  # once, not at every write of a full disk
+                    log.error("job store %s: a snapshot failed, tried again at each write "
+                              "(the journal keeps every job): %s", self._path, exc)
                 self.snapshot_error = exc
             with self._lock:
                 self._snapshot_due = False

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import NamedTuple
 
-from .._storage import fsync_dir, fsync_file
+from .._storage import fsync_dir, fsync_file, open_fd, storage_error
 from ..beanstalk import parse_address
 from ..jobs._store import JobStore
 from ._errors import OutboxRewoundError, OutboxTargetError
@@ -36,17 +36,20 @@ def store_target(store: JobStore) -> Target:
     path = store.path / STORE_ID
     if not path.exists():
         tmp = path.with_name(f".{STORE_ID}.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.write(fd, f"{secrets.token_hex(16)}\n".encode())
-            fsync_file(fd, tmp)
-        finally:
-            os.close(fd)
-        try:
+            fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, f"{secrets.token_hex(16)}\n".encode())
+                fsync_file(fd, tmp)
+            finally:
+                os.close(fd)
             with suppress(FileExistsError):  # another relay made it first: that one
                 os.link(tmp, path)
+        except OSError as exc:  # a full disk: a StorageError that says so, no file left
+            raise storage_error(exc, path, "make the job store's identity file") from exc
         finally:
-            os.unlink(tmp)
+            with suppress(FileNotFoundError):
+                os.unlink(tmp)
         fsync_dir(store.path)
     return Target(f"store {path.read_text().strip()}",
                   f"the job store {store.path.resolve()}")

@@ -16,7 +16,6 @@ from .._errors import K7Error
 from .._resource import Resource
 from ..jobs._errors import DependencyError, InvalidJobError
 from ..jobs._store import JobStore
-from ._errors import OutboxError
 from ._sql import Row, deps_of
 
 log = logging.getLogger("k7core.outbox")
@@ -91,8 +90,9 @@ class Relay(Resource):
     ``relay_once()`` relays up to ``batch`` rows in the caller's thread; ``start()`` (or
     ``with``) runs a thread that relays until :meth:`close`, waking when rows are committed.
     A failure of the database or the server is logged and retried (after 0.1 s, doubling up
-    to 30 s, with new connections); so is a refusal (:class:`OutboxError`, logged without a
-    traceback: its message says it all), which a reset ends. The thread ends when a job
+    to 30 s, with new connections); so is a refusal (:class:`OutboxError`), which a reset
+    ends, and a full disk under the store (``StorageError``). A K7Error is logged without a
+    traceback: its message says it all. The thread ends when a job
     store it puts into is closed.
     ``relayed`` counts the jobs put, ``skipped`` the rows refused (logged), ``error`` is the
     last failure.
@@ -164,7 +164,7 @@ class Relay(Resource):
                 self.error = exc
                 pause = min(RETRY_CAP, max(0.1, pause * 2))
                 log.error("outbox relay %s failed (retrying in %.1f s): %s", self, pause, exc,
-                          exc_info=None if isinstance(exc, OutboxError) else exc)
+                          exc_info=None if isinstance(exc, K7Error) else exc)
                 with self._lock:
                     self._disconnect()
                 stop.wait(pause)

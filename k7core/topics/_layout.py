@@ -10,17 +10,15 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._errors import StorageError
 from .._format import queue_file
 from .._stats import list_segment_infos
-from .._storage import FILE_MODE, open_fd, read_file, write_file_atomic
+from .._storage import FILE_MODE, open_fd, read_file, storage_error, write_file_atomic
 from ._errors import TopicDeletedError, TopicError
 from ._lockfile import LOCK_TIMEOUT, holding
 from ._partitioner import PARTITIONERS
@@ -78,19 +76,6 @@ class TopicMeta:
                 hint="restore it, or open the partitions as plain queues",
             ) from None
         return cls(n, name, size)
-
-
-def storage_error(exc: OSError, path: Path, doing: str) -> StorageError:
-    """An OSError met on a topic's file as the StorageError every k7core path raises (a
-    StorageError passes through)."""
-    if isinstance(exc, StorageError):
-        return exc
-    hint = None
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        hint = "the file system is full: free space, then retry"
-    return StorageError(
-        f"cannot {doing} {path}: {exc.strerror}", errno_=exc.errno or 0, path=path, hint=hint,
-    )
 
 
 def write_atomic(path: Path, data: bytes, mode: int) -> None:

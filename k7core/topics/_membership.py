@@ -28,10 +28,10 @@ from pathlib import Path
 
 from .._errors import StorageError
 from .._format import check_group_name
-from .._storage import FILE_MODE, lock_is_free, open_fd, read_file, try_lock
+from .._storage import FILE_MODE, lock_is_free, open_fd, read_file, storage_error, try_lock
 from ._assign import STRATEGIES, Assignment, assign
 from ._errors import MemberBusyError, TopicError
-from ._layout import make_dirs, storage_error, write_atomic
+from ._layout import make_dirs, write_atomic
 from ._lockfile import hold, try_hold
 
 GROUP_LOCK = "k7py-group.lock"

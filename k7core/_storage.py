@@ -212,6 +212,14 @@ def flock_holder(path: Path) -> int | None:
     return next((pid for kind, _, pid in _proc_locks(path) if kind == "FLOCK"), None)
 
 
+def held_by(path: Path) -> str:
+    """Who holds a ``flock`` on ``path``, for an error: ``process <pid>``, ``this process``
+    or, when ``/proc/locks`` does not say, ``another process``."""
+    pid = flock_holder(path)
+    return ("another process" if pid is None else
+            "this process" if pid == os.getpid() else f"process {pid}")
+
+
 def posix_writer(path: Path) -> int | None:
     """The pid of another process holding a POSIX (``fcntl``) write lock on a part of
     ``path`` now (SQLite's locks), read from ``/proc/locks``, or None when unknown."""

@@ -46,6 +46,7 @@ from ._storage import (
     Mapping,
     fsync_dir,
     fsync_file,
+    held_by,
     list_segments,
     open_fd,
     preallocate,
@@ -143,7 +144,8 @@ class ConsumerGroup(Resource):
         try:
             if not try_lock(res.fd):
                 raise GroupBusyError(
-                    f"consumer group {name!r} of {log.path} is owned by another consumer",
+                    f"consumer group {name!r} of {log.path} is owned by another consumer "
+                    f"({held_by(self.path)})",
                     path=self.path, hint="close the other owner first (one owner per group)",
                 )
             created = os.fstat(res.fd).st_size < CURSOR_FILE_SIZE

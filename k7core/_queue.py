@@ -57,6 +57,7 @@ from ._storage import (
     FILE_MODE,
     Mapping,
     frames_end,
+    held_by,
     list_segments,
     open_fd,
     preallocate,
@@ -256,17 +257,20 @@ class Queue(Resource):
             if not _lock_with_retry(fd, exclusive=not shared):
                 if shared:
                     raise QueueLockedError(
-                        f"queue {path} is locked by an exclusive writer", path=path,
+                        f"queue {path} is locked by an exclusive writer "
+                        f"({held_by(path / WRITER_LOCK)})", path=path,
                         hint="close it, or open every writer of the queue with "
                         "writers='shared'",
                     )
                 if shared_live(path, self._opts.lock_timeout):
                     raise QueueLockedError(
-                        f"queue {path} is written by shared writers", path=path,
+                        f"queue {path} is written by shared writers "
+                        f"({held_by(path / WRITER_LOCK)} among them)", path=path,
                         hint="open this one with writers='shared' too, or readonly=True",
                     )
                 raise QueueLockedError(
-                    f"queue {path} is locked by another writer", path=path,
+                    f"queue {path} is locked by another writer "
+                    f"({held_by(path / WRITER_LOCK)})", path=path,
                     hint="close the other Queue, or open this one with readonly=True",
                 )
             self._r.presence = writer_presence(path, fd, shared=shared)

@@ -230,19 +230,42 @@ def lock_within(fd: int, path: Path, timeout: float, what: str) -> None:
 def flock_holder(path: Path) -> int | None:
     """The pid of a process holding a ``flock`` on ``path`` now, read from ``/proc/locks``
     (Linux; the pid as this process's namespace sees it), or None when unknown."""
+    return next((pid for kind, _, pid in _proc_locks(path) if kind == "FLOCK"), None)
+
+
+def held_by(path: Path) -> str:
+    """Who holds a ``flock`` on ``path``, for an error: ``process <pid>``, ``this process``
+    or, when ``/proc/locks`` does not say, ``another process``."""
+    pid = flock_holder(path)
+    return ("another process" if pid is None else
+            "this process" if pid == os.getpid() else f"process {pid}")
+
+
+def posix_writer(path: Path) -> int | None:
+    """The pid of another process holding a POSIX (``fcntl``) write lock on a part of
+    ``path`` now (SQLite's locks), read from ``/proc/locks``, or None when unknown."""
+    own = os.getpid()
+    return next((pid for kind, access, pid in _proc_locks(path)
+                 if kind == "POSIX" and access == "WRITE" and pid != own), None)
+
+
+def _proc_locks(path: Path) -> list[tuple[str, str, int]]:
+    """The locks on ``path`` in ``/proc/locks``: (kind, access, pid) each; none when the
+    file or ``/proc/locks`` cannot be read."""
     try:
         st = os.stat(path, follow_symlinks=False)
         with open("/proc/locks") as f:
             lines = f.read().splitlines()
     except OSError:
-        return None
+        return []
     inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    found = []
     for line in lines:
         parts = line.split()  # "1: FLOCK ADVISORY WRITE <pid> <maj:min:inode> 0 EOF"
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == inode:
+        if len(parts) >= 6 and parts[5] == inode:
             with contextlib.suppress(ValueError):
-                return int(parts[4])
-    return None
+                found.append((parts[1], parts[3], int(parts[4])))
+    return found
 
 
 def same_file(fd: int, path: Path) -> bool:

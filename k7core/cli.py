@@ -61,6 +61,7 @@ from ._shared import writer_live
 from ._stats import LAG_COUNT_LIMIT, GroupInfo, SegmentInfo, list_segment_infos, read_cursors
 from ._storage import (
     frames_end,
+    held_by,
     last_data,
     map_file,
     next_frame,
@@ -627,7 +628,8 @@ def group_delete(d: Path, group: str) -> None:
     fd = open_fd(path, os.O_RDWR)
     try:
         if not try_lock(fd):
-            raise CliError(f"group {group!r} is owned by a running consumer; close it first")
+            raise CliError(f"group {group!r} is owned by a running consumer "
+                           f"({held_by(path)}); close it first")
         committed = decode_cursor(os.pread(fd, CURSOR_SIZE, 0))
         os.unlink(path)
     finally:

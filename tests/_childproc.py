@@ -15,7 +15,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from tests._queuehelp import child_env
 
@@ -146,3 +149,36 @@ class Child:
             for f in (self.inp, self.out):
                 f.close()
             self.err.close()
+
+
+def bounded(call: Callable[[], Any], bound: float = DEADLINE / 2) -> Any:
+    """``call()`` in a thread; its result or the exception it raised. Fails if it is still
+    blocked after ``bound`` seconds (a wait on a frozen process that never ends: the thread
+    ends once the test kills that process)."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:  # handed to the test
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(bound)
+    assert not t.is_alive(), f"the call was still waiting for the frozen process after {bound} s"
+    return out[0]
+
+
+@contextlib.contextmanager
+def stopped(child: Child) -> Iterator[int]:
+    """``child`` stopped with SIGSTOP for the block (returns once it is); yields its pid.
+    Continued (SIGCONT) afterwards, whatever happens."""
+    pid = child.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        _, status = os.waitpid(pid, os.WUNTRACED)  # returns once it is stopped
+        assert os.WIFSTOPPED(status), status
+        yield pid
+    finally:
+        os.kill(pid, signal.SIGCONT)

@@ -34,7 +34,7 @@ from .._errors import CorruptFrameError, DataLossError, QueueLockedError, Storag
 from .._queue import Queue
 from .._stats import list_segment_infos
 from ._errors import CorruptJobDataError, InvalidJobError, JobNotFoundError
-from ._files import JOURNAL
+from ._files import JOURNAL, journal_holder
 from ._machine import Job, JobMachine, JobState, check_tube
 from ._store import JobStore, State, load_state, overview
 
@@ -389,7 +389,9 @@ def open_store(directory: str, hint: str = LOCKED_HINT, *, repair: bool = False)
     try:
         return JobStore(d, fsync="sync", repair=repair)
     except QueueLockedError as exc:
-        raise QueueLockedError(f"job store {d} is open in another process", path=d,
+        pid = journal_holder(d)
+        raise QueueLockedError(f"job store {d} is open in "
+                               + (f"process {pid}" if pid else "another process"), path=d,
                                hint=hint) from exc
 
 

@@ -26,6 +26,7 @@ once you know why). ``docs/outbox.md`` has the details.
 from types import FunctionType
 
 from ._beanstalk import BeanstalkRelay as BeanstalkRelay
+from ._errors import OutboxBusyError as OutboxBusyError
 from ._errors import OutboxError as OutboxError
 from ._errors import OutboxRewoundError as OutboxRewoundError
 from ._errors import OutboxTargetError as OutboxTargetError
@@ -36,7 +37,8 @@ from ._relay import Relay as Relay
 from ._sql import DEFAULT_TABLE as DEFAULT_TABLE
 from ._sqlite import SqliteRelay as SqliteRelay
 
-__all__ = ["DEFAULT_TABLE", "BeanstalkRelay", "Outbox", "OutboxError", "OutboxRewoundError",
+__all__ = ["DEFAULT_TABLE", "BeanstalkRelay", "Outbox", "OutboxBusyError", "OutboxError",
+           "OutboxRewoundError",
            "OutboxTargetError", "PostgresRelay", "Relay", "SqliteRelay", "relay"]
 
 # Public classes and functions report this package as their module (as k7core's do).

@@ -33,7 +33,7 @@ import sqlite3
 import threading
 import zlib
 from collections.abc import Iterable, Sequence
-from contextlib import suppress
+from contextlib import AbstractContextManager, nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +44,7 @@ from ._guard import Bound, check_ids, check_target, server_target
 from ._postgres import driver, listen, wait_notified
 from ._relay import Relay, is_postgres, log, sqlite_path
 from ._sql import DEFAULT_TABLE, Postgres, Row, Sent, Sqlite, Steps, row, run_steps
-from ._sqlite import data_version, wait_version
+from ._sqlite import busy_named, data_version, is_busy, wait_version
 
 if TYPE_CHECKING:
     import psycopg
@@ -92,6 +92,10 @@ class _Sqlite:
             self._conn = sqlite3.connect(self.path, timeout=self._busy_timeout,
                                          isolation_level=None, check_same_thread=False)
         return self._conn
+
+    def busy_named(self) -> AbstractContextManager[None]:
+        """A busy database in the block: :class:`OutboxBusyError`, naming its holder."""
+        return busy_named(self.path, self._busy_timeout)
 
     def turn(self) -> bool:
         if self._lock_fd < 0:
@@ -163,6 +167,9 @@ class _Postgres:
             self._conn = self.psycopg.connect(self.dsn, autocommit=True)
             self._locked = False
         return self._conn
+
+    def busy_named(self) -> AbstractContextManager[None]:
+        return nullcontext()  # PostgreSQL waits on locks as the DSN's settings say
 
     def turn(self) -> bool:
         if not self._locked:
@@ -240,6 +247,8 @@ class BeanstalkRelay(Relay):
             try:
                 found = db.query(db.sql.name)
             except sqlite3.OperationalError as exc:
+                if is_busy(exc):
+                    raise
                 raise FileNotFoundError(f"the database has no outbox {db.sql.table!r} "
                                         f"({exc}); create it with Outbox.create") from exc
             if not found:
@@ -268,7 +277,7 @@ class BeanstalkRelay(Relay):
     # --- the batch -------------------------------------------------------------------
 
     def relay_once(self) -> int:
-        with self._lock:
+        with self._lock, self._db.busy_named():
             client = self._connect()
             db, sql = self._db, self._db.sql
             if not db.turn():

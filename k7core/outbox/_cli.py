@@ -10,7 +10,7 @@ import re
 import signal
 import sqlite3
 import threading
-from contextlib import closing
+from contextlib import AbstractContextManager, closing
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -23,6 +23,10 @@ from ._outbox import Outbox
 from ._postgres import driver
 from ._relay import Relay, is_postgres, sqlite_path
 from ._sql import DEFAULT_TABLE, Postgres, Sqlite
+from ._sqlite import busy_named, is_busy
+
+BUSY_TIMEOUT = 5.0
+"""Seconds ``status`` and ``reset`` wait for a SQLite outbox another process holds locked."""
 
 
 @click.group("outbox")
@@ -107,7 +111,7 @@ def status_command(source: str, table: str) -> None:
         click.echo(f"{waiting} rows waiting, {done} relayed keys to forget; {target}")
         return
     lite = Sqlite(table)
-    with closing(_sqlite(source, table, readonly=True)) as conn:
+    with _busy_named(source), closing(_sqlite(source, table, readonly=True)) as conn:
         (waiting,) = conn.execute(lite.count).fetchone()
         target = _target(conn, lite.target, sqlite3.Error)
     click.echo(f"{waiting} rows waiting; {target}")
@@ -125,12 +129,18 @@ def _target(conn: Any, statement: str, error: type[Exception]) -> str:
     return f"feeds {found[1]}"
 
 
+def _busy_named(source: str) -> AbstractContextManager[None]:
+    """A SQLite outbox locked by another process past ``BUSY_TIMEOUT``: an error naming it."""
+    return busy_named(Path(sqlite_path(source)), BUSY_TIMEOUT)
+
+
 def _sqlite(source: str, table: str, *, readonly: bool) -> sqlite3.Connection:
     """A connection to the SQLite outbox of ``source`` (its table checked)."""
     path = Path(sqlite_path(source))
     if not path.exists():
         raise click.ClickException(f"{path}: no such file")
-    conn = sqlite3.connect(f"file:{path}?mode=ro" if readonly else path, uri=readonly)
+    conn = sqlite3.connect(f"file:{path}?mode=ro" if readonly else path, uri=readonly,
+                           timeout=BUSY_TIMEOUT)
     _check(conn, Sqlite(table), sqlite3.Error, f"{path} has")
     return conn
 
@@ -141,6 +151,8 @@ def _check(conn: Any, sql: Sqlite | Postgres, error: type[Exception], where: str
         conn.execute(sql.name).fetchone()
     except error as exc:
         conn.close()
+        if isinstance(exc, sqlite3.OperationalError) and is_busy(exc):
+            raise  # another process's transaction, not a missing table
         raise click.ClickException(f"{where} no outbox {sql.table!r} ({exc})") from exc
 
 
@@ -171,7 +183,7 @@ def reset_command(source: str, table: str, skip_upto: int | None) -> None:
             box.reset(conn, skip_upto=skip_upto)
             (left,) = conn.execute(Postgres(table).count).fetchone()
     else:
-        with closing(_sqlite(source, table, readonly=False)) as conn:
+        with _busy_named(source), closing(_sqlite(source, table, readonly=False)) as conn:
             box.reset(conn, skip_upto=skip_upto)
             (left,) = conn.execute(Sqlite(table).count).fetchone()
     click.echo(f"outbox {table!r} reset: the next relay binds its store or server and "

@@ -3,7 +3,9 @@ decides (each message says what happened and the command that resolves it)."""
 
 from __future__ import annotations
 
-from .._errors import K7Error
+import os
+
+from .._errors import K7Error, LockedError
 
 
 class OutboxError(K7Error):
@@ -21,3 +23,15 @@ class OutboxRewoundError(OutboxError):
 class OutboxTargetError(OutboxError):
     """The outbox feeds another job store (or beanstalkd server) than this relay's: one
     outbox feeds one, or a row could be relayed into both."""
+
+
+class OutboxBusyError(LockedError):
+    """The outbox's SQLite database stayed locked by another connection past the relay's
+    ``busy_timeout``: process ``pid`` (None when unknown) is in the middle of a transaction,
+    or stopped (SIGSTOP, a debugger) or stuck there. Nothing was put; the relay's thread
+    retries. Finish or end that transaction (resume or end the process)."""
+
+    def __init__(self, message: str, *, pid: int | None, path: str | os.PathLike[str],
+                 hint: str) -> None:
+        super().__init__(message, path=path, hint=hint)
+        self.pid = pid

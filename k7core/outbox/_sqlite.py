@@ -6,18 +6,46 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .._errors import ClosedError
+from .._storage import posix_writer
 from ..jobs._store import JobStore
+from ._errors import OutboxBusyError
 from ._guard import Bound, Target, check_ids, check_target, store_target
 from ._relay import StoreRelay, log, put_row, store_lock
 from ._sql import DEFAULT_TABLE, Sqlite, row, run_steps
 
 POLL = 0.005
 """Seconds between two looks at ``PRAGMA data_version`` while the relay waits for rows."""
+
+
+def is_busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether ``exc`` says another connection held the database past the busy timeout."""
+    return exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+@contextmanager
+def busy_named(path: Path, busy_timeout: float) -> Iterator[None]:
+    """Turn a busy database in the block into :class:`OutboxBusyError` naming the process
+    holding its lock (from ``/proc/locks``: SQLite's POSIX locks, on the file itself or, in
+    WAL mode, on its ``-shm``)."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if not is_busy(exc):
+            raise
+        pid = posix_writer(path) or posix_writer(Path(f"{path}-shm"))
+        who = f"process {pid}" if pid else "another connection"
+        raise OutboxBusyError(
+            f"the outbox's database {path} has been locked by {who} for more than "
+            f"{busy_timeout:g} s (the relay's busy_timeout)", pid=pid, path=path,
+            hint=f"that process is in the middle of a transaction, or stopped or stuck in "
+            f"one: let it commit, resume it (kill -CONT {pid or '<pid>'}) or end it",
+        ) from exc
+
 
 def data_version(conn: sqlite3.Connection) -> int:
     """``PRAGMA data_version``: changes when another connection commits."""
@@ -85,6 +113,8 @@ class SqliteRelay(StoreRelay):
                     self._write(conn, lambda: run_steps(conn, self._sql.upgrade_steps()))
             except sqlite3.OperationalError as exc:
                 conn.close()
+                if is_busy(exc):
+                    raise
                 raise FileNotFoundError(
                     f"{self.path} has no outbox {self._sql.table!r} ({exc}); create it "
                     "with Outbox.create") from exc
@@ -109,7 +139,7 @@ class SqliteRelay(StoreRelay):
         conn.execute("COMMIT")
 
     def relay_once(self) -> int:
-        with self._lock:
+        with self._lock, busy_named(self.path, self._busy_timeout):
             conn = self._connect()
             store, sql, target = self.store, self._sql, self._target
             assert target is not None

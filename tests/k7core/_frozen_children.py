@@ -18,6 +18,11 @@ one message, takes its lock through the kernel, prints ``held`` and sleeps until
 ``loop DIR FSYNC``
     Open ``DIR`` as above, print ``ready``, then append in a loop (``enqueue`` and
     ``enqueue_many`` in turn) until killed: a writer that a SIGSTOP freezes wherever it is.
+
+``own DIR FSYNC``
+    An exclusive writer of ``DIR`` that owns its consumer group ``g``; prints ``held``.
+``store DIR FSYNC``
+    A ``JobStore`` in ``DIR`` (one job in tube ``t``); prints ``held``.
 """
 
 from __future__ import annotations
@@ -31,11 +36,29 @@ import time
 import k7core
 from k7core._format import SHARED_LOCK
 from k7core._kernel import lib
+from k7core.jobs import JobStore
 from tests._children import say
+
+
+def own(mode: str, d: str, fsync: str) -> None:
+    """The modes ``own`` and ``store``: hold, print ``held``, sleep until killed."""
+    held: object
+    if mode == "own":
+        q = k7core.Queue(d, fsync=fsync)
+        q.enqueue(b"from the child")
+        held = (q, q.consumer_group("g"))
+    else:
+        held = JobStore(d, fsync=fsync)
+        held.put(b"from the child", tube="t")
+    say("held")
+    while held:
+        time.sleep(60)
 
 
 def main() -> None:
     mode, d, fsync = sys.argv[1:]
+    if mode in ("own", "store"):
+        own(mode, d, fsync)
     q = k7core.Queue(d, writers="shared", fsync=fsync)
     if mode == "loop":
         say("ready")

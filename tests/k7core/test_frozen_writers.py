@@ -15,7 +15,6 @@ import gc
 import os
 import random
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,7 +26,8 @@ import pytest
 
 import k7async
 import k7core
-from tests._childproc import Child
+from tests._childproc import Child, stopped
+from tests._childproc import bounded as bounded_call
 from tests._queuehelp import read_all
 
 PROGRAM = "tests.k7core._frozen_children"
@@ -41,32 +41,13 @@ def frozen(mode: str, qdir: Path, fsync: str) -> Iterator[int]:
     block; yields its pid. Continued (SIGCONT) and killed afterwards, whatever happens."""
     with Child(mode, str(qdir), fsync, program=PROGRAM) as child:
         assert child.line() == b"held"
-        pid = child.proc.pid
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            _, status = os.waitpid(pid, os.WUNTRACED)  # returns once it is stopped
-            assert os.WIFSTOPPED(status), status
+        with stopped(child) as pid:
             yield pid
-        finally:
-            os.kill(pid, signal.SIGCONT)
 
 
 def bounded(call: Callable[[], Any]) -> Any:
-    """``call()`` in a thread; its result or the exception it raised. Fails if it is still
-    blocked after ``BOUND`` seconds (it then ends when the frozen child is killed)."""
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(call())
-        except BaseException as exc:  # handed to the test
-            out.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(BOUND)
-    assert not t.is_alive(), f"the call was still waiting for the frozen writer after {BOUND} s"
-    return out[0]
+    """``call()``'s result or exception; fails if it is still blocked after ``BOUND`` s."""
+    return bounded_call(call, BOUND)
 
 
 def shared(qdir: Path, fsync: str, **kw: Any) -> k7core.Queue:

@@ -269,7 +269,8 @@ def test_reads_of_a_live_store_take_no_lock_and_write_nothing(tmp_path: Path) ->
                      ["delete", str(d), str(ids["e0"])]):
             err = failed(k7("jobs", *args))
             assert err.startswith(f"Error: QueueLockedError: job store {d} is open in "
-                                  "another process (stop the process that owns the store"), err
+                                  f"process {child.proc.pid} (stop the process that owns "
+                                  "the store"), err
             assert "beanstalkd protocol" in err and "readonly" not in err
         assert tree(d) == before
         child.inp.close()

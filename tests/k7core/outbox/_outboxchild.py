@@ -19,6 +19,10 @@ prints ``ready``, runs ``relay_once`` until no row is left, prints ``idle`` and 
 KILL ``<command>-<when>:<n>`` (a beanstalkd command such as ``put`` or ``kick-job``, when
 ``before`` or ``after``) SIGKILLs the process before (or after) its n-th call of that
 command.
+
+``python -m tests.k7core.outbox._outboxchild lock PATH``: opens the SQLite file PATH, takes
+its exclusive lock (``BEGIN EXCLUSIVE``: no other connection reads or writes it), prints
+``held`` and sleeps until killed (a process the test freezes with SIGSTOP).
 """
 
 from __future__ import annotations
@@ -144,6 +148,14 @@ def beanstalk(kind: str, where: str, address: str, batch: str, kill: str) -> Non
     os.write(1, b"idle\n")
 
 
+def lock(path: str) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN EXCLUSIVE")
+    os.write(1, b"held\n")
+    while True:
+        threading.Event().wait(60)
+
+
 def main() -> None:
     mode, *args = sys.argv[1:]
     if mode == "create":
@@ -152,6 +164,8 @@ def main() -> None:
         relay(*args)
     elif mode == "beanstalk":
         beanstalk(*args)
+    elif mode == "lock":
+        lock(*args)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -26,12 +26,13 @@ class OutboxTargetError(OutboxError):
 
 
 class OutboxBusyError(LockedError):
-    """The outbox's SQLite database stayed locked by another connection past the relay's
-    ``busy_timeout``: process ``pid`` (None when unknown) is in the middle of a transaction,
-    or stopped (SIGSTOP, a debugger) or stuck there. Nothing was put; the relay's thread
-    retries. Finish or end that transaction (resume or end the process)."""
+    """The outbox's database stayed locked by another connection past the relay's wait
+    (SQLite: its ``busy_timeout``; PostgreSQL: its ``lock_timeout``): process ``pid`` (None
+    when unknown) is in the middle of a transaction, or stopped (SIGSTOP, a debugger) or
+    stuck there. Nothing was put; the relay's thread retries. Finish or end that
+    transaction (resume or end the process)."""
 
-    def __init__(self, message: str, *, pid: int | None, path: str | os.PathLike[str],
-                 hint: str) -> None:
+    def __init__(self, message: str, *, pid: int | None,
+                 path: str | os.PathLike[str] | None, hint: str) -> None:
         super().__init__(message, path=path, hint=hint)
         self.pid = pid

@@ -4,6 +4,8 @@ forgets the keys once the delete has committed."""
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 import time
 from collections import defaultdict
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import MissingExtraError
 from ..jobs._store import JobStore
+from ._errors import OutboxBusyError
 from ._guard import Target, check_ids, check_target, store_target
 from ._relay import StoreRelay, put_row, store_lock
 from ._sql import DEFAULT_TABLE, Postgres, key_prefix, row, run_steps
@@ -26,6 +29,20 @@ def driver() -> Any:
     except ImportError as exc:
         raise MissingExtraError("the PostgreSQL outbox relay", "postgres", exc) from exc
     return psycopg
+
+LOCK_TIMEOUT = 10.0
+"""Seconds a relay's statement waits for a row or table lock another session holds (a relay
+or an app stopped in the middle of its transaction) before the call raises
+``OutboxBusyError`` naming it (PostgreSQL's ``lock_timeout``)."""
+
+_APP_PID = re.compile(r"^k7 relay \(pid (\d+)\)$")
+
+
+def relay_application_name() -> str:
+    """The ``application_name`` of a relay's sessions: another relay that finds one of them
+    holding a lock names its process."""
+    return f"k7 relay (pid {os.getpid()})"
+
 
 NOTIFY_POLL = 0.1
 """Seconds a listening relay waits for a notification before it looks whether it was
@@ -78,8 +95,11 @@ class PostgresRelay(StoreRelay):
     """
 
     def __init__(self, dsn: str, store: JobStore, *, table: str = DEFAULT_TABLE,
-                 batch: int = 1000) -> None:
+                 batch: int = 1000, lock_timeout: float = LOCK_TIMEOUT) -> None:
         super().__init__(store, batch=batch)
+        if not 0 < lock_timeout <= 3600:
+            raise ValueError(f"lock_timeout must be in (0, 3600] seconds, not {lock_timeout!r}")
+        self.lock_timeout = lock_timeout
         self._psycopg = driver()
         self.dsn = dsn
         self._sql = Postgres(table)
@@ -94,8 +114,9 @@ class PostgresRelay(StoreRelay):
 
     def _connect(self) -> psycopg.Connection[Any]:
         if self._conn is None:
-            conn = self._psycopg.connect(self.dsn)
+            conn = self._psycopg.connect(self.dsn, application_name=relay_application_name())
             try:
+                conn.execute(f"SET lock_timeout = {max(1, round(self.lock_timeout * 1000))}")
                 found = conn.execute(self._sql.name).fetchone()
                 conn.commit()
                 if found is None:
@@ -133,12 +154,42 @@ class PostgresRelay(StoreRelay):
 
     def relay_once(self) -> int:
         with self._lock:
-            conn = self._connect()
-            n, behind = self._batch(conn)
-            if behind and n < self.batch:  # rows may wait above what relays may take
-                self._take(conn)
-                n += self._batch(conn)[0]
-            return n
+            try:
+                conn = self._connect()
+                n, behind = self._batch(conn)
+                if behind and n < self.batch:  # rows may wait above what relays may take
+                    self._take(conn)
+                    n += self._batch(conn)[0]
+                return n
+            except self._psycopg.errors.LockNotAvailable as exc:
+                if self._conn is not None:
+                    self._conn.rollback()
+                raise self._busy() from exc
+
+    def _busy(self) -> OutboxBusyError:
+        """The error of a lock wait that ran out: names the session that holds one of the
+        outbox's tables (a relay's names its process)."""
+        holders: list[tuple[int, str]] = []
+        try:
+            with self._psycopg.connect(self.dsn, autocommit=True) as look:
+                look.execute("SET statement_timeout = 5000")
+                holders = look.execute(self._sql.lock_holders).fetchall()
+        except self._psycopg.Error:
+            pass
+        backend, app = holders[0] if holders else (None, "")
+        found = _APP_PID.match(app or "")
+        pid = int(found.group(1)) if found else None
+        who = (f"process {pid} (PostgreSQL backend {backend})" if pid else
+               f"PostgreSQL backend {backend} ({app or 'no application name'})" if backend
+               else "another session")
+        end = f"kill -CONT {pid}" if pid else f"SELECT pg_terminate_backend({backend or '<pid>'})"
+        return OutboxBusyError(
+            f"{self._outbox} has been locked by {who} for more than {self.lock_timeout:g} s "
+            "(the relay's lock_timeout); nothing was put",
+            pid=pid, path=None,
+            hint="that session is in the middle of a transaction, or stopped or stuck in one: "
+            f"let it commit, resume or end it ({end})",
+        )
 
     def _take(self, conn: psycopg.Connection[Any]) -> None:
         """Bind the outbox to this relay's store if no relay did, and record the sequence's

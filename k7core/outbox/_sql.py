@@ -235,6 +235,13 @@ class Postgres(Tables):
         self.new_name = "'outbox-' || substr(md5(random()::text), 1, 16)"
         self.lock = f"SELECT pg_advisory_xact_lock(hashtext('k7 outbox {t}'))"
         self.exists = "SELECT to_regclass(%s) IS NOT NULL"
+        # the other sessions holding a lock on the relays' tables, relays first
+        self.lock_holders = (
+            "SELECT a.pid, a.application_name FROM pg_locks l "
+            "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.granted "
+            "AND l.pid <> pg_backend_pid() AND l.relation IN "
+            f"(to_regclass('{t}_meta'), to_regclass('{t}_done'), to_regclass('{t}')) "
+            "ORDER BY (a.application_name LIKE 'k7 relay%') DESC, a.pid")
         self.create = [
             f"CREATE TABLE IF NOT EXISTS {t} (id BIGSERIAL PRIMARY KEY, tube TEXT NOT NULL, "
             "body BYTEA NOT NULL, priority BIGINT NOT NULL, delay DOUBLE PRECISION NOT NULL, "

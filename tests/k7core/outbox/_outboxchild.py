@@ -20,6 +20,10 @@ KILL ``<command>-<when>:<n>`` (a beanstalkd command such as ``put`` or ``kick-jo
 ``before`` or ``after``) SIGKILLs the process before (or after) its n-th call of that
 command.
 
+``python -m tests.k7core.outbox._outboxchild pglock DSN``: a relay's session (its
+application name) that updates the outbox's ``k7_outbox_meta`` row and never commits, prints
+``held`` and sleeps until killed (a relay the test freezes between its take and its commit).
+
 ``python -m tests.k7core.outbox._outboxchild lock PATH``: opens the SQLite file PATH, takes
 its exclusive lock (``BEGIN EXCLUSIVE``: no other connection reads or writes it), prints
 ``held`` and sleeps until killed (a process the test freezes with SIGSTOP).
@@ -41,6 +45,7 @@ import psycopg
 from k7core.beanstalk import Call, Client
 from k7core.jobs import JobStore
 from k7core.outbox import BeanstalkRelay, Outbox, PostgresRelay, Relay, SqliteRelay
+from k7core.outbox._postgres import relay_application_name
 
 
 def create(kind: str, where: str) -> None:
@@ -156,6 +161,16 @@ def lock(path: str) -> None:
         threading.Event().wait(60)
 
 
+def pglock(dsn: str) -> None:
+    """A relay's session in the middle of its transaction on ``<table>_meta`` (as a relay
+    stopped between its ``take`` and its commit holds it)."""
+    conn = psycopg.connect(dsn, application_name=relay_application_name())
+    conn.execute("UPDATE k7_outbox_meta SET upto = upto")
+    os.write(1, b"held\n")
+    while True:
+        threading.Event().wait(60)
+
+
 def main() -> None:
     mode, *args = sys.argv[1:]
     if mode == "create":
@@ -166,6 +181,8 @@ def main() -> None:
         beanstalk(*args)
     elif mode == "lock":
         lock(*args)
+    elif mode == "pglock":
+        pglock(*args)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -14,11 +14,12 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from k7core import LockedError
 from k7core.jobs import JobStore
-from k7core.outbox import BeanstalkRelay, Outbox, OutboxBusyError, SqliteRelay
+from k7core.outbox import BeanstalkRelay, Outbox, OutboxBusyError, PostgresRelay, SqliteRelay
 from tests._childproc import Child, bounded, stopped
 from tests._queuehelp import child_env
 
@@ -83,3 +84,22 @@ def test_the_outbox_commands_beside_a_frozen_holder(outbox_db: Path, tmp_path: P
     assert done.returncode == 3, done
     assert "Traceback" not in done.stderr
     assert "OutboxBusyError" in done.stderr and f"process {pid}" in done.stderr
+
+
+def test_a_pg_relay_beside_a_frozen_relay_in_its_transaction(dsn: str, tmp_path: Path) -> None:
+    """Another relay stopped in the middle of its transaction holds the outbox's meta row:
+    this relay's call waits at most its ``lock_timeout``, then raises OutboxBusyError naming
+    that relay's process; once it is gone the row is relayed."""
+    with psycopg.connect(dsn) as conn:
+        box = Outbox()
+        box.create(conn)
+        box.put(conn, "t", {"n": 1})
+        conn.commit()
+    with JobStore(tmp_path / "jobs") as store, \
+            closing(PostgresRelay(dsn, store, lock_timeout=BUSY)) as relay:
+        with Child("pglock", dsn, program=PROGRAM) as child:
+            assert child.line() == b"held"
+            with stopped(child) as pid:
+                check_busy(bounded(relay.relay_once, BOUND), pid)
+        assert relay.relay_once() == 1
+        assert store.stats()["total-jobs"] == 1

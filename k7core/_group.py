@@ -177,14 +177,16 @@ class ConsumerGroup(Resource):
                 if bases and bases[0] > 0:  # retention deleted the start: begin at the earliest
                     committed = bases[0]
                     lib.k7_cursor_store(c, committed)
-            self._reader: Reader | None = Reader(log)
+            # The C reader and the arrays it points to (its Reader) are the group's for its
+            # whole life, closed or not: the fetcher reads through them (py-lmdb's rule).
+            self._reader: Reader = Reader(log)
             res.reader = self._reader
             self._reader.c.pos = committed
             f = lib.k7_inflight_new(self._reader.c, c, committed)
             if f == ffi.NULL:
                 raise MemoryError("cannot allocate the in-flight table")
             self._f: Any = ffi.gc(f, lib.k7_inflight_free)
-            self._rc = self._reader.c  # the C structs outlive close(): k7_inflight points at them
+            self._rc = self._reader.c  # k7_inflight points at it too
             self._fetch = Fetcher(address(self._rc), address(self._f), Message)
             self._reader.fetcher = self._fetch
             self._cap = int(self._rc.capacity)  # poll's fast path takes up to this; 0 when closed
@@ -272,7 +274,6 @@ class ConsumerGroup(Resource):
         """Up to ``max_batch`` messages of one segment (crossing into the next when the
         current one has none left)."""
         rd = self._reader
-        assert rd is not None
         if max_batch > self._cap:
             rd.ensure_capacity(max_batch)
             self._cap = int(rd.c.capacity)
@@ -301,7 +302,6 @@ class ConsumerGroup(Resource):
     def _take_redeliveries(self, max_batch: int) -> list[Message]:
         take, self._redeliver = self._redeliver[:max_batch], self._redeliver[max_batch:]
         rd = self._reader
-        assert rd is not None
         out = []
         for off in take:
             payload = rd.payload_at(off)
@@ -377,7 +377,6 @@ class ConsumerGroup(Resource):
             if err is not None:
                 raise err
             self._redeliver.clear()
-            assert self._reader is not None
             self._reader.close()  # the next read maps the segment that holds ``offset``
             rc = lib.k7_reset(self._f, offset)
             if rc:
@@ -402,9 +401,9 @@ class ConsumerGroup(Resource):
     @property
     def position(self) -> int:
         """The next offset ``poll`` reads (after redeliveries)."""
-        if self._reader is None:
+        if self._closed:
             self._raise_closed()
-        return int(self._reader.c.pos)  # type: ignore[union-attr]
+        return int(self._reader.c.pos)
 
     @property
     def lag(self) -> int:
@@ -465,8 +464,7 @@ class ConsumerGroup(Resource):
         with owned(self._fetch):
             self._closed = True
             self._cap = 0
-            self._fetch.detach()
-            self._reader = None
+            self._fetch.detach()  # the reader stays: a fetcher call may still hold its arrays
             err = lib.k7_msync(self._c.map, 0, CURSOR_SIZE)  # k7 flushes it on close, always
             committed = int(lib.k7_committed(self._f))
             self._finalizer()

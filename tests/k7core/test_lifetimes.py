@@ -253,3 +253,42 @@ def test_a_topic_consumer_raises_closed_after_its_topic_is_closed(tmp_path: Path
     with pytest.raises(k7core.ClosedError):
         c.ack_many(recs)  # closed with its topic: the acks cannot be recorded
     assert sorted(bytes(r.value) for r in recs) == [b"x%d" % i for i in range(4)]
+
+
+def test_a_close_from_another_thread_while_a_poll_builds_its_messages_is_refused() -> None:
+    # Building a batch's messages allocates, which may run the cyclic GC, whose callbacks
+    # and finalizers run Python code, during which another thread may run: here a GC
+    # callback has one close the queue. The close used to succeed (the fast path did not
+    # own the group), freeing the reader's arrays and clearing the view the poll was still
+    # reading (a use after free under ASan; SIGSEGV without): now it is refused.
+    run_python("""
+import gc, tempfile, threading, k7core
+with tempfile.TemporaryDirectory() as d:
+    q = k7core.Queue(d + "/q", fsync="flush", segment_size=1 << 20)
+    q.enqueue_many([b"m%d" % i for i in range(64)])
+    g = q.consumer_group("g")
+    assert len(g.poll(1, 0)) == 1  # maps the segment: the next poll takes the fast path
+    seen = []
+    def close():
+        try:
+            q.close()
+            seen.append("closed")
+        except k7core.ConcurrentUseError:
+            seen.append("refused")
+    def close_elsewhere(phase, info):
+        if phase == "start" and not seen:
+            t = threading.Thread(target=close)
+            t.start()
+            t.join(60)
+    gc.collect()
+    gc.callbacks.append(close_elsewhere)
+    gc.set_threshold(1)  # the first allocations in the poll collect
+    msgs = g.poll(63, 0)
+    gc.set_threshold(700)
+    gc.callbacks.remove(close_elsewhere)
+    assert seen == ["refused"], seen
+    assert [bytes(m.payload) for m in msgs] == [b"m%d" % i for i in range(1, 64)]
+    q.close()
+    assert g.closed
+""")
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,41 @@ with tempfile.TemporaryDirectory() as d:
     assert g.closed
 """)
 
+
+def test_calls_on_a_group_while_its_queue_closes_raise_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Queue.close() owns every group for the whole close; a call from another thread
+    # meanwhile used to raise ConcurrentUseError (a k7async stream then failed with it)
+    q = k7core.Queue(tmp_path / "q", fsync="flush", segment_size=SMALL)
+    q.enqueue_many([b"a", b"b"])
+    g = q.consumer_group("g")
+    (msg,) = g.poll(1, 0)
+    calls: dict[str, Callable[[], object]] = {
+        "poll": lambda: g.poll(1, 0), "ack": lambda: g.ack(msg),
+        "ack_many": lambda: g.ack_many([msg]), "nack": lambda: g.nack(msg),
+        "seek": lambda: g.seek(0),
+    }
+    got: dict[tuple[str, str], type[BaseException] | None] = {}
+
+    def call_all(when: str) -> None:
+        for name, call in calls.items():
+            try:
+                call()
+                got[when, name] = None
+            except Exception as exc:
+                got[when, name] = type(exc)
+
+    real = q._groups.close_all
+
+    def close_all() -> k7core.K7Error | None:
+        for when, step in (("before", lambda: None), ("after", real)):
+            first = step()
+            t = threading.Thread(target=call_all, args=(when,))
+            t.start()
+            t.join(DEADLINE)
+        return first
+
+    monkeypatch.setattr(q._groups, "close_all", close_all)
+    q.close()
+    assert got == {(w, n): k7core.ClosedError for w in ("before", "after") for n in calls}

@@ -18,6 +18,7 @@ from typing import Any
 from ._checks import check_count, check_timeout
 from ._errors import (
     ClosedError,
+    ConcurrentUseError,
     CorruptFrameError,
     DataLossError,
     GroupBusyError,
@@ -126,6 +127,7 @@ class ConsumerGroup(Resource):
         parent: object = None,
     ) -> None:
         self._closed = True
+        self._closing = False  # the queue's close owns the group (OpenGroups.owned)
         self._parent = parent  # kept alive while the group is: its flusher, lock and log
         if on_data_loss not in ("raise", "earliest"):
             raise ValueError(f"on_data_loss must be 'raise' or 'earliest', not {on_data_loss!r}")
@@ -177,14 +179,16 @@ class ConsumerGroup(Resource):
                 if bases and bases[0] > 0:  # retention deleted the start: begin at the earliest
                     committed = bases[0]
                     lib.k7_cursor_store(c, committed)
-            self._reader: Reader | None = Reader(log)
+            # The C reader and the arrays it points to (its Reader) are the group's for its
+            # whole life, closed or not: the fetcher reads through them (py-lmdb's rule).
+            self._reader: Reader = Reader(log)
             res.reader = self._reader
             self._reader.c.pos = committed
             f = lib.k7_inflight_new(self._reader.c, c, committed)
             if f == ffi.NULL:
                 raise MemoryError("cannot allocate the in-flight table")
             self._f: Any = ffi.gc(f, lib.k7_inflight_free)
-            self._rc = self._reader.c  # the C structs outlive close(): k7_inflight points at them
+            self._rc = self._reader.c  # k7_inflight points at it too
             self._fetch = Fetcher(address(self._rc), address(self._f), Message)
             self._reader.fetcher = self._fetch
             self._cap = int(self._rc.capacity)  # poll's fast path takes up to this; 0 when closed
@@ -219,14 +223,14 @@ class ConsumerGroup(Resource):
                     return msgs
                 if msgs:
                     return self._read_on(msgs, max_batch)
-        except TypeError:
-            pass  # an argument of the wrong type: the slow path says which
+        except (TypeError, ConcurrentUseError):
+            pass  # a wrong argument type, another thread inside: the slow path says which
         return self._poll_slow(max_batch, timeout)
 
     def _poll_slow(self, max_batch: int, timeout: float | None) -> list[Message]:
         max_batch = check_count(max_batch, "max_batch")
         seconds = check_timeout(timeout)
-        with owned(self._fetch):
+        with self._owned():
             if self._closed:
                 self._raise_closed()
             if self._bad_cursor is not None:
@@ -272,7 +276,6 @@ class ConsumerGroup(Resource):
         """Up to ``max_batch`` messages of one segment (crossing into the next when the
         current one has none left)."""
         rd = self._reader
-        assert rd is not None
         if max_batch > self._cap:
             rd.ensure_capacity(max_batch)
             self._cap = int(rd.c.capacity)
@@ -301,7 +304,6 @@ class ConsumerGroup(Resource):
     def _take_redeliveries(self, max_batch: int) -> list[Message]:
         take, self._redeliver = self._redeliver[:max_batch], self._redeliver[max_batch:]
         rd = self._reader
-        assert rd is not None
         out = []
         for off in take:
             payload = rd.payload_at(off)
@@ -313,7 +315,10 @@ class ConsumerGroup(Resource):
 
     def ack(self, msg: Message | int) -> bool:
         """Mark a delivered message done; False if it was not in flight (already acked...)."""
-        rc = self._fetch.ack(msg)
+        try:
+            rc = self._fetch.ack(msg)
+        except ConcurrentUseError as exc:
+            raise self._busy(exc) from None
         if rc == 1:
             if self._redeliver:
                 self._forget_redeliveries([msg])
@@ -329,7 +334,10 @@ class ConsumerGroup(Resource):
         were in flight."""
         if self._redeliver and not isinstance(msgs, (list, tuple)):
             msgs = list(msgs)
-        rc = self._fetch.ack_many(msgs)
+        try:
+            rc = self._fetch.ack_many(msgs)
+        except ConcurrentUseError as exc:
+            raise self._busy(exc) from None
         if self._closed:
             self._raise_closed()
         if rc < 0:
@@ -344,7 +352,7 @@ class ConsumerGroup(Resource):
 
     def nack(self, msg: Message | int) -> bool:
         """Redeliver this message (first) on a later poll, without the messages after it."""
-        with owned(self._fetch):
+        with self._owned():
             off = message_offset(msg)  # as ack reads it: -1 for an int beyond int64
             if not lib.k7_inflight_has(self._f, off):
                 if self._closed:
@@ -364,7 +372,7 @@ class ConsumerGroup(Resource):
 
         Messages in flight are forgotten: they are not redelivered unless the new position is
         before them."""
-        with owned(self._fetch):
+        with self._owned():
             if self._closed:
                 self._raise_closed()
             if isinstance(offset, bool) or not isinstance(offset, int):
@@ -377,7 +385,6 @@ class ConsumerGroup(Resource):
             if err is not None:
                 raise err
             self._redeliver.clear()
-            assert self._reader is not None
             self._reader.close()  # the next read maps the segment that holds ``offset``
             rc = lib.k7_reset(self._f, offset)
             if rc:
@@ -402,9 +409,9 @@ class ConsumerGroup(Resource):
     @property
     def position(self) -> int:
         """The next offset ``poll`` reads (after redeliveries)."""
-        if self._reader is None:
+        if self._closed:
             self._raise_closed()
-        return int(self._reader.c.pos)  # type: ignore[union-attr]
+        return int(self._reader.c.pos)
 
     @property
     def lag(self) -> int:
@@ -456,6 +463,22 @@ class ConsumerGroup(Resource):
     def _raise_closed(self) -> None:
         raise ClosedError(f"consumer group {self.name!r} is closed", path=self.path)
 
+    def _busy(self, exc: ConcurrentUseError) -> K7Error:
+        """``exc``, or ClosedError when the thread that owns the group is closing it."""
+        if self._closing or self._closed:
+            return ClosedError(f"consumer group {self.name!r} was closed with its queue",
+                               path=self.path)
+        return exc
+
+    @contextlib.contextmanager
+    def _owned(self) -> Iterator[None]:
+        """``owned(self._fetch)``, but ClosedError when a close owns the group."""
+        try:
+            with owned(self._fetch):
+                yield
+        except ConcurrentUseError as exc:
+            raise self._busy(exc) from None
+
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
@@ -465,8 +488,7 @@ class ConsumerGroup(Resource):
         with owned(self._fetch):
             self._closed = True
             self._cap = 0
-            self._fetch.detach()
-            self._reader = None
+            self._fetch.detach()  # the reader stays: a fetcher call may still hold its arrays
             err = lib.k7_msync(self._c.map, 0, CURSOR_SIZE)  # k7 flushes it on close, always
             committed = int(lib.k7_committed(self._f))
             self._finalizer()
@@ -557,7 +579,9 @@ class OpenGroups:
         with contextlib.ExitStack() as stack:
             with self._lock:
                 groups = list(self._groups)
-            for g in groups:
+            for g in groups:  # marked before owned: another thread's call raises ClosedError
+                g._closing = True
+                stack.callback(setattr, g, "_closing", False)
                 stack.enter_context(owned(g._fetch))
             yield
 

@@ -446,7 +446,13 @@ static PyObject *Fetcher_detach(Fetcher *self, PyObject *Py_UNUSED(unused)) {
     Py_RETURN_NONE;
 }
 
-/* Track and build the n frames the last k7_read left in r->starts / r->lens. */
+/* Track and build the n frames the last k7_read left in r->starts / r->lens.
+ *
+ * Its allocations may run the cyclic GC, whose finalizers run Python code, during which
+ * the GIL can pass to another thread: the caller owns the fetcher meanwhile (OWN_CALL), so
+ * that thread cannot close, seek or regrow the reader under it (ConcurrentUseError), and
+ * the view is held here, so a close by a finalizer on this thread (nested ownership) does
+ * not leave it dangling. The reader struct and its arrays are the group's for its life. */
 static PyObject *collect(Fetcher *self, int64_t n) {
     k7_reader *r = self->r;
     if (n <= 0) return PyList_New(0);
@@ -455,10 +461,15 @@ static PyObject *collect(Fetcher *self, int64_t n) {
         return NULL;
     }
     if (kernel->track(self->f, n)) return PyErr_NoMemory();
+    PyObject *view = Py_NewRef(self->view);
+    int64_t base10 = self->base10;
     PyObject *list = PyList_New((Py_ssize_t)n);
-    if (!list) return NULL;
-    binaryfunc subscript = Py_TYPE(self->view)->tp_as_mapping->mp_subscript;
-    PyTypeObject *t = self->msgtype;
+    if (!list) {
+        Py_DECREF(view);
+        return NULL;
+    }
+    binaryfunc subscript = Py_TYPE(view)->tp_as_mapping->mp_subscript;
+    PyTypeObject *t = Py_NewRef(self->msgtype);
     for (int64_t i = 0; i < n; i++) {
         int64_t s = r->starts[i];
         PyObject *lo = PyLong_FromLongLong(s);
@@ -466,15 +477,16 @@ static PyObject *collect(Fetcher *self, int64_t n) {
         PyObject *sl = (lo && hi) ? PySlice_New(lo, hi, NULL) : NULL;
         Py_XDECREF(lo);
         Py_XDECREF(hi);
-        PyObject *payload = sl ? subscript(self->view, sl) : NULL;
+        PyObject *payload = sl ? subscript(view, sl) : NULL;
         Py_XDECREF(sl);
-        PyObject *off = payload ? PyLong_FromLongLong(self->base10 + s) : NULL;
+        PyObject *off = payload ? PyLong_FromLongLong(base10 + s) : NULL;
         PyObject *msg = off ? t->tp_alloc(t, 2) : NULL;
         if (!msg) {
             Py_XDECREF(payload);
             Py_XDECREF(off);
             Py_DECREF(list);
-            return NULL;
+            list = NULL;
+            break;
         }
         PyTuple_SET_ITEM(msg, 0, off);
         PyTuple_SET_ITEM(msg, 1, payload);
@@ -484,8 +496,19 @@ static PyObject *collect(Fetcher *self, int64_t n) {
         PyObject_GC_UnTrack(msg);
         PyList_SET_ITEM(list, (Py_ssize_t)i, msg);
     }
+    Py_DECREF(t);
+    Py_DECREF(view);
     return list;
 }
+
+/* Call `expr` (a PyObject *) owning the fetcher meanwhile, unless this thread already does. */
+#define OWN_CALL(self, result, expr)                                   \
+    do {                                                               \
+        int took_ = !(self)->owner;                                    \
+        if (took_) (self)->owner = PyThread_get_thread_ident();        \
+        (result) = (expr);                                             \
+        if (took_) (self)->owner = 0;                                  \
+    } while (0)
 
 /* read(max_n[, timeout]) -> messages of the frames visible in the current segment, up to
  * max_n. `timeout` is only checked (poll's fast path does not wait). */
@@ -499,7 +522,9 @@ static PyObject *Fetcher_read(Fetcher *self, PyObject *const *args, Py_ssize_t n
     if (max_n == -1 && PyErr_Occurred()) return NULL;
     if (!self->r) return PyList_New(0);
     GUARD(self, GROUP_WHAT, NULL);
-    return collect(self, kernel->read(self->r, max_n));
+    PyObject *list;
+    OWN_CALL(self, list, collect(self, kernel->read(self->r, max_n)));
+    return list;
 }
 
 /* collect(n) -> messages for n frames already scanned (after the Python slow path). */
@@ -508,7 +533,9 @@ static PyObject *Fetcher_collect(Fetcher *self, PyObject *arg) {
     if (n == -1 && PyErr_Occurred()) return NULL;
     if (!self->r) return PyList_New(0);
     GUARD(self, GROUP_WHAT, NULL);
-    return collect(self, n);
+    PyObject *list;
+    OWN_CALL(self, list, collect(self, n));
+    return list;
 }
 
 /* The offset of a Message or of an int; -1 (never in flight) for an int beyond int64. */

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -253,3 +254,80 @@ def test_a_topic_consumer_raises_closed_after_its_topic_is_closed(tmp_path: Path
     with pytest.raises(k7core.ClosedError):
         c.ack_many(recs)  # closed with its topic: the acks cannot be recorded
     assert sorted(bytes(r.value) for r in recs) == [b"x%d" % i for i in range(4)]
+
+
+def test_a_close_from_another_thread_while_a_poll_builds_its_messages_is_refused() -> None:
+    # Building a batch's messages allocates, which may run the cyclic GC, whose callbacks
+    # and finalizers run Python code, during which another thread may run: here a GC
+    # callback has one close the queue. The close used to succeed (the fast path did not
+    # own the group), freeing the reader's arrays and clearing the view the poll was still
+    # reading (a use after free under ASan; SIGSEGV without): now it is refused.
+    run_python("""
+import gc, tempfile, threading, k7core
+with tempfile.TemporaryDirectory() as d:
+    q = k7core.Queue(d + "/q", fsync="flush", segment_size=1 << 20)
+    q.enqueue_many([b"m%d" % i for i in range(64)])
+    g = q.consumer_group("g")
+    assert len(g.poll(1, 0)) == 1  # maps the segment: the next poll takes the fast path
+    seen = []
+    def close():
+        try:
+            q.close()
+            seen.append("closed")
+        except k7core.ConcurrentUseError:
+            seen.append("refused")
+    def close_elsewhere(phase, info):
+        if phase == "start" and not seen:
+            t = threading.Thread(target=close)
+            t.start()
+            t.join(60)
+    gc.collect()
+    gc.callbacks.append(close_elsewhere)
+    gc.set_threshold(1)  # the first allocations in the poll collect
+    msgs = g.poll(63, 0)
+    gc.set_threshold(700)
+    gc.callbacks.remove(close_elsewhere)
+    assert seen == ["refused"], seen
+    assert [bytes(m.payload) for m in msgs] == [b"m%d" % i for i in range(1, 64)]
+    q.close()
+    assert g.closed
+""")
+
+
+def test_calls_on_a_group_while_its_queue_closes_raise_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Queue.close() owns every group for the whole close; a call from another thread
+    # meanwhile used to raise ConcurrentUseError (a k7async stream then failed with it)
+    q = k7core.Queue(tmp_path / "q", fsync="flush", segment_size=SMALL)
+    q.enqueue_many([b"a", b"b"])
+    g = q.consumer_group("g")
+    (msg,) = g.poll(1, 0)
+    calls: dict[str, Callable[[], object]] = {
+        "poll": lambda: g.poll(1, 0), "ack": lambda: g.ack(msg),
+        "ack_many": lambda: g.ack_many([msg]), "nack": lambda: g.nack(msg),
+        "seek": lambda: g.seek(0),
+    }
+    got: dict[tuple[str, str], type[BaseException] | None] = {}
+
+    def call_all(when: str) -> None:
+        for name, call in calls.items():
+            try:
+                call()
+                got[when, name] = None
+            except Exception as exc:
+                got[when, name] = type(exc)
+
+    real = q._groups.close_all
+
+    def close_all() -> k7core.K7Error | None:
+        for when, step in (("before", lambda: None), ("after", real)):
+            first = step()
+            t = threading.Thread(target=call_all, args=(when,))
+            t.start()
+            t.join(DEADLINE)
+        return first
+
+    monkeypatch.setattr(q._groups, "close_all", close_all)
+    q.close()
+    assert got == {(w, n): k7core.ClosedError for w in ("before", "after") for n in calls}

@@ -39,6 +39,7 @@ from k7core.workers._core import (
     Consumer,
     Core,
     Handled,
+    Recorder,
     Run,
     make_options,
 )
@@ -253,7 +254,11 @@ class AsyncWorker:
                             if not left:  # a store call in flush mode never suspends
                                 left = SCHEDULE_EVERY
                                 await checkpoint()
-                except Exception:
+                except Exception as exc:
+                    if self._stopping:  # e.g. an outcome it was still trying to record
+                        log.warning("worker of tube %r stops; its job source failed: %s",
+                                    consumer.tube, exc)
+                        break
                     log.exception("worker of tube %r: the job source failed; again in 1 s",
                                   consumer.tube)
                     await anyio.sleep(1.0)
@@ -284,7 +289,7 @@ class AsyncWorker:
         core = self._core
         step = core.start(job, gated=gated and not forced)
         if not isinstance(step, Run):
-            core.done(job, step, await apply(session, job, step), None)
+            core.done(job, step, await self._record(session, job, step), None)
             return step, None, None, None
         if where is None:
             where = (anyio.get_current_task(), session)
@@ -308,11 +313,46 @@ class AsyncWorker:
             took = core.end(handle)
         action = core.finish(job, error, bury=forced)
         if action is DELETE:
-            await session.delete(job)
+            try:
+                await session.delete(job)
+            except Exception as exc:
+                await self._retry(session, job, action, exc)
             core.done(job, action, job.id, took)
         else:
-            core.done(job, action, await apply(session, job, action), took)
+            core.done(job, action, await self._record(session, job, action), took)
         return action, step, result, error
+
+    async def _record(self, session: AsyncSession, job: JobView, action: Action) -> int:
+        """:meth:`k7core.workers.Worker._record`: the same rule (``_core.Recorder``),
+        waiting in a scope :meth:`stop` cancels."""
+        try:
+            return await apply(session, job, action)
+        except Exception as exc:
+            return await self._retry(session, job, action, exc)
+
+    async def _retry(self, session: AsyncSession, job: JobView, action: Action,
+                     error: Exception) -> int:
+        """:meth:`k7core.workers.Worker._retry`."""
+        rec = Recorder(job, action, error)
+        while not await self._wait(rec.wait(await session.touch(job))):
+            try:
+                new_id = await apply(session, job, action)
+            except Exception as exc:
+                rec.failed(exc)
+                continue
+            return rec.recorded(new_id)
+        raise rec.error
+
+    async def _wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` unless the worker stops first; True if it stopped."""
+        if not self._stopping:
+            with anyio.CancelScope() as scope:
+                self._waiting.add(scope)
+                try:
+                    await anyio.sleep(seconds)
+                finally:
+                    self._waiting.discard(scope)
+        return self._stopping
 
     async def _watch(self) -> None:
         core = self._core

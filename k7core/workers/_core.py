@@ -18,7 +18,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar, cast
 
-from .._errors import K7Error
+from .._errors import ClosedError, K7Error
+from ..jobs import JobNotFoundError
 from ._codec import MAGIC, Codec, PayloadError, codec, encode_body, unpack
 from ._monitor import Monitor, Suspects
 from ._policy import (
@@ -149,6 +150,54 @@ def touch_every(ttr: float) -> float:
     """Seconds between touches of a running job whose time-to-run is ``ttr`` (0: not
     known yet): a third of it, so the ttr measures a live worker, not the job's length."""
     return max(ttr, MIN_TTR) / 3
+
+
+RECORD_WAIT = (0.1, 1.0)
+"""Seconds between tries to record a run's outcome the source refused (a full disk): the
+first wait, doubling up to the second (and never more than a third of the job's ttr)."""
+
+
+def may_retry_record(exc: BaseException) -> bool:
+    """Whether recording an outcome that failed with ``exc`` is worth trying again: the
+    source refused to record it (StorageError...), not the job or the source being gone."""
+    return isinstance(exc, K7Error) and not isinstance(
+        exc, (JobNotFoundError, ClosedError, ConnectionError))
+
+
+class Recorder:
+    """The rule after recording ``action`` for a job that ran failed with ``error``: the job
+    is not run again. It stays reserved (the face touches it: a touch writes nothing) and the
+    face tries the action again after each :meth:`wait`, until it is recorded or the worker
+    stops (then ``error`` is raised and the job is released with its session). One WARNING
+    at the first failure, one INFO when recorded. Raises ``error`` at once if
+    ``may_retry_record`` refuses it."""
+
+    def __init__(self, job: JobView, action: Action, error: Exception) -> None:
+        if not may_retry_record(error):
+            raise error
+        self.job, self.error = job, error
+        self._what = type(action).__name__.lower()
+        self._wait, self._tries = RECORD_WAIT[0], 1
+        log.warning("job %d of tube %r ran, but its %s could not be recorded (%s); it stays "
+                    "reserved and the %s is tried again until it is recorded", job.id,
+                    job.tube, self._what, error, self._what)
+
+    def wait(self, ttr: float) -> float:
+        """Seconds to wait before the next try, given the job's ttr its touch returned."""
+        return min(self._wait, touch_every(ttr))
+
+    def failed(self, exc: Exception) -> None:
+        """The try failed with ``exc``: raises it if it is not worth another."""
+        if not may_retry_record(exc):
+            raise exc
+        self.error, self._tries = exc, self._tries + 1
+        self._wait = min(2 * self._wait, RECORD_WAIT[1])
+
+    def recorded(self, new_id: int) -> int:
+        """The try worked; returns ``new_id``."""
+        log.info("job %d of tube %r: its %s is recorded (after %d failed tries)",
+                 self.job.id, self.job.tube, self._what, self._tries)
+        return new_id
 
 
 class Core(Generic[F]):

@@ -30,6 +30,7 @@ from ._core import (
     Handled,
     NoJobError,
     OptionsDict,
+    Recorder,
     Run,
     make_options,
 )
@@ -248,7 +249,11 @@ class Worker(Resource):
                     return
                 log.exception("the job source of tube %r closed", consumer.tube)
                 return
-            except Exception:
+            except Exception as exc:
+                if self._stopping.is_set():  # e.g. an outcome it was still trying to record
+                    log.warning("worker of tube %r stops; its job source failed: %s",
+                                consumer.tube, exc)
+                    return
                 log.exception("worker of tube %r: the job source failed; again in 1 s",
                               consumer.tube)
                 self._stopping.wait(1.0)
@@ -276,7 +281,7 @@ class Worker(Resource):
         core = self._core
         step = core.start(job, gated=gated and not forced)
         if not isinstance(step, Run):
-            core.done(job, step, apply(session, job, step), None)
+            core.done(job, step, self._record(session, job, step), None)
             return step, None, None, None
         if where is None:
             where = (threading.get_ident(), session)
@@ -300,8 +305,29 @@ class Worker(Resource):
         finally:
             took = core.end(handle)
         action = core.finish(job, error, bury=forced)
-        core.done(job, action, apply(session, job, action), took)
+        core.done(job, action, self._record(session, job, action), took)
         return action, step, result, error
+
+    def _record(self, session: Session, job: JobView, action: Action) -> int:
+        """:func:`apply`; if the source refuses to record it, the job stays reserved and it
+        is tried again until recorded or the worker stops (``_core.Recorder``)."""
+        try:
+            return apply(session, job, action)
+        except Exception as exc:
+            return self._retry(session, job, action, exc)
+
+    def _retry(self, session: Session, job: JobView, action: Action, error: Exception
+               ) -> int:
+        """Recording ``action`` failed with ``error``: ``_core.Recorder``'s rule."""
+        rec = Recorder(job, action, error)
+        while not self._stopping.wait(rec.wait(session.touch(job))):
+            try:
+                new_id = apply(session, job, action)
+            except Exception as exc:
+                rec.failed(exc)
+                continue
+            return rec.recorded(new_id)
+        raise rec.error
 
     def _watch(self) -> None:
         core = self._core

@@ -10,10 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
 
 import k7async
 from k7core.workers import Backoff, ManualClock, MemorySource, NoJobError
+from tests.k7core.test_full_disk import small_fs  # noqa: F401 (a fixture)
+from tests.k7core.workers._fullhelp import (  # noqa: F401 (deletes: a fixture)
+    Deletes,
+    check_logs,
+    deletes,
+    fill_to_the_roll,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -312,3 +320,59 @@ async def test_another_base_exception_is_a_failure_and_the_task_goes_on(tmp_path
         head = job.errors[0].splitlines()[0]
         assert head.startswith("#1 ") and head.endswith("Odd: odd")
         assert w.retry_stats()["t"]["failures"] == 1
+
+
+async def test_a_job_whose_delete_the_full_disk_refuses_runs_once(
+    small_fs: Path, deletes: Deletes, caplog: pytest.LogCaptureFixture,  # noqa: F811
+) -> None:
+    """tests/k7core/workers/test_worker_full_disk.py, on tasks: the job stays reserved and
+    its delete is tried again (not the job run again) until space returns."""
+    caplog.set_level(logging.INFO, logger="k7core.workers")
+    runs: list[Any] = []
+    ran = anyio.Event()
+
+    async def consume(p: Any) -> None:
+        runs.append(p)
+        ran.set()
+
+    async with k7async.open_jobs(small_fs / "j") as store:
+        async with k7async.AsyncWorker(store) as w:
+            job_id = await w.put("q", "mail", ttr=3.0)
+            filler = fill_to_the_roll(store.store, small_fs)
+            w.consumer("q", consume)  # starts now: the put ran no consumer
+            try:
+                with anyio.fail_after(60):
+                    await ran.wait()
+                assert await anyio.to_thread.run_sync(deletes.reached, 4)
+                assert runs == ["mail"], "the job ran again while its delete was refused"
+                assert not deletes.recorded.is_set()
+                job = store.store.peek(job_id)
+                assert job is not None and job.state == "reserved"
+            finally:
+                filler.unlink()
+            assert await anyio.to_thread.run_sync(deletes.recorded.wait, 60)
+        assert store.store.peek(job_id) is None
+        assert runs == ["mail"]
+    check_logs(caplog)
+
+
+async def test_a_worker_stopping_while_a_delete_is_refused_releases_the_job(
+    small_fs: Path, deletes: Deletes, caplog: pytest.LogCaptureFixture,  # noqa: F811
+) -> None:
+
+    async def consume(p: Any) -> None:
+        pass
+
+    async with k7async.open_jobs(small_fs / "j") as store:
+        try:
+            async with k7async.AsyncWorker(store, stop_timeout=60) as w:
+                job_id = await w.put("q", "mail", ttr=3.0)
+                filler = fill_to_the_roll(store.store, small_fs)
+                w.consumer("q", consume)
+                assert await anyio.to_thread.run_sync(deletes.reached, 2)
+            job = store.store.peek(job_id)
+            assert job is not None and job.state == "ready"  # released: it runs again
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+            assert any("stops" in r.getMessage() for r in caplog.records)
+        finally:
+            filler.unlink()

@@ -10,13 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from k7core import K7Error
-from k7core.workers import JSON, PICKLE, Backoff, Options, PayloadError, codec
+from k7core import ClosedError, K7Error, StorageError
+from k7core.jobs import JobNotFoundError
+from k7core.workers import JSON, PICKLE, Backoff, JobView, Options, PayloadError, codec
 from k7core.workers._codec import MAGIC, pack, unpack
+from k7core.workers._core import Recorder, may_retry_record
 from k7core.workers._monitor import Monitor, percentile
 from k7core.workers._policy import (
     MAX_ERROR_BYTES,
     Bury,
+    Delete,
     Gates,
     Retry,
     after_failure,
@@ -223,3 +226,33 @@ def test_retry_stats_say_failures_per_hundred_done() -> None:
     m.failed("t", 0, 0.0)
     assert m.retry_stats() == {"t": {"ok": 4, "retried_ok": 1, "failures": 1, "buried": 0,
                                      "deferred": 0, "retry_percentage": 25.0}}
+
+
+def _refused() -> StorageError:
+    return StorageError("cannot write the journal: no space left on device")
+
+
+def test_an_outcome_refused_is_retried_with_a_bounded_backoff() -> None:
+    job = JobView(7, "q", b"", 0, (), 0.0, 0.0)
+    for ttr, expected in ((0.0, [0.1, 0.2, 1 / 3, 1 / 3, 1 / 3]),  # unknown: as 1 s
+                          (30.0, [0.1, 0.2, 0.4, 0.8, 1.0])):
+        rec = Recorder(job, Delete(), _refused())
+        waits = []
+        for _ in range(5):
+            waits.append(rec.wait(ttr))
+            rec.failed(_refused())
+        assert waits == pytest.approx(expected)
+        assert rec.recorded(9) == 9
+
+
+def test_an_outcome_is_given_up_when_the_job_or_source_is_gone() -> None:
+    job = JobView(7, "q", b"", 0, (), 0.0, 3.0)
+    rec = Recorder(job, Delete(), _refused())
+    for gone in (JobNotFoundError("gone"), ClosedError("closed"), ConnectionResetError(),
+                 ValueError("a bug")):
+        assert not may_retry_record(gone)
+        with pytest.raises(type(gone)):
+            Recorder(job, Delete(), gone)
+        with pytest.raises(type(gone)):
+            rec.failed(gone)
+    assert may_retry_record(_refused())

@@ -39,6 +39,8 @@ def test_snapshots_on_a_full_disk(
     with JobStore(path, snapshot_bytes=1) as store:  # every put past the last snapshot: one
         ids = [store.put(b"job %d" % i) for i in range(20)]
         wait_for("the first snapshot", lambda: list(path.glob("snapshot-*.k7jobs")))
+        # the thread idle (its last snapshot written): filling races no writer of the disk
+        wait_for("the snapshot thread to be idle", lambda: not store._snapshot_due)
         filler = _fill_disk(small_fs, 0)
         for i in range(2):
             # (the journal's segment has room) past the last snapshot's size: the thread tries

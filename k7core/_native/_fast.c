@@ -469,7 +469,7 @@ static PyObject *collect(Fetcher *self, int64_t n) {
         return NULL;
     }
     binaryfunc subscript = Py_TYPE(view)->tp_as_mapping->mp_subscript;
-    PyTypeObject *t = Py_NewRef(self->msgtype);
+    PyTypeObject *t = (PyTypeObject *)Py_NewRef((PyObject *)self->msgtype);
     for (int64_t i = 0; i < n; i++) {
         int64_t s = r->starts[i];
         PyObject *lo = PyLong_FromLongLong(s);
